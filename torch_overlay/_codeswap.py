@@ -1,0 +1,252 @@
+"""Swap a live module's functions to the code compiled from its patched source.
+
+Every function object keeps its identity (aliases, registries and decorators that hold it all see
+the fix); only ``__code__`` changes. New top-level statements (helpers, imports) are executed in
+the module namespace. Anything else a hunk could change at module level is refused.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import gc
+import linecache
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CodeSwapError", "SwapPlan", "plan_swap"]
+
+_MISSING = object()
+_NEW_STATEMENTS = (
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Import,
+    ast.ImportFrom,
+    ast.Assign,
+    ast.AnnAssign,
+)
+
+
+class CodeSwapError(Exception):
+    """The patched module cannot be applied to the live module by swapping code."""
+
+
+def _shape(node: ast.AST) -> str:
+    """``ast.dump`` of a module-level statement with function and lambda bodies left out."""
+
+    class _Strip(ast.NodeTransformer):
+        def _strip(self, fn: Any) -> Any:
+            fn.decorator_list = [self.visit(d) for d in fn.decorator_list]
+            fn.args = self.visit(fn.args)
+            fn.body = []
+            return fn
+
+        visit_FunctionDef = visit_AsyncFunctionDef = _strip
+
+        def visit_Lambda(self, node: ast.Lambda) -> Any:
+            node.args = self.visit(node.args)
+            node.body = ast.Constant(None)
+            return node
+
+    import copy
+
+    return ast.dump(_Strip().visit(copy.deepcopy(node)))
+
+
+def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
+    """Equal bytecode and constants, ignoring file names and line numbers."""
+    if (
+        a.co_code != b.co_code
+        or a.co_names != b.co_names
+        or a.co_varnames != b.co_varnames
+        or a.co_freevars != b.co_freevars
+        or a.co_cellvars != b.co_cellvars
+        or a.co_flags != b.co_flags
+        or a.co_argcount != b.co_argcount
+        or a.co_posonlyargcount != b.co_posonlyargcount
+        or a.co_kwonlyargcount != b.co_kwonlyargcount
+        or a.co_qualname != b.co_qualname
+        or a.co_exceptiontable != b.co_exceptiontable
+        or len(a.co_consts) != len(b.co_consts)
+    ):
+        return False
+    for x, y in zip(a.co_consts, b.co_consts):
+        if isinstance(x, types.CodeType) or isinstance(y, types.CodeType):
+            if not (isinstance(x, types.CodeType) and isinstance(y, types.CodeType) and _same_code(x, y)):
+                return False
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
+
+
+def _codes_by_qualname(code: types.CodeType) -> dict[str, list[types.CodeType]]:
+    """All code objects nested in ``code`` (not ``code`` itself), by qualname, in order."""
+    found: dict[str, list[types.CodeType]] = {}
+
+    def walk(c: types.CodeType) -> None:
+        for const in c.co_consts:
+            if isinstance(const, types.CodeType):
+                found.setdefault(const.co_qualname, []).append(const)
+                walk(const)
+
+    walk(code)
+    return found
+
+
+def _bound_names(stmt: ast.stmt) -> list[str]:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in stmt.names]
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]  # type: ignore[attr-defined]
+    names: list[str] = []
+    for t in targets:
+        names.extend(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+@dataclass
+class SwapPlan:
+    """Everything needed to move one module from its current code to the patched code."""
+
+    module: types.ModuleType
+    filename: str  # the name the patched code carries (registered with linecache)
+    source: str
+    swaps: list[tuple[types.FunctionType, types.CodeType, types.CodeType]] = field(default_factory=list)
+    new_statements: list[tuple[types.CodeType, list[str], int]] = field(default_factory=list)
+    caches: list[Any] = field(default_factory=list)  # lru_cache wrappers around swapped functions
+    changed: list[str] = field(default_factory=list)  # qualnames whose code changed
+    _saved_names: list[tuple[str, Any]] = field(default_factory=list)
+
+    def commit(self) -> None:
+        """Apply the plan; on any error undo what was done and re-raise."""
+        linecache.cache[self.filename] = (
+            len(self.source),
+            None,
+            self.source.splitlines(True),
+            self.filename,
+        )
+        namespace = self.module.__dict__
+        done = 0
+        try:
+            for code, names, _ in self.new_statements:
+                self._saved_names.extend((n, namespace.get(n, _MISSING)) for n in names)
+                exec(code, namespace)
+            for fn, _, new in self.swaps:
+                fn.__code__ = new
+                done += 1
+        except BaseException:
+            for fn, old, _ in self.swaps[:done]:
+                fn.__code__ = old
+            self._restore_names()
+            linecache.cache.pop(self.filename, None)
+            raise
+        for cache in self.caches:
+            cache.cache_clear()
+
+    def revert(self) -> None:
+        for fn, old, _ in reversed(self.swaps):
+            fn.__code__ = old
+        self._restore_names()
+        for cache in self.caches:
+            cache.cache_clear()
+        linecache.cache.pop(self.filename, None)
+
+    def _restore_names(self) -> None:
+        namespace = self.module.__dict__
+        for name, value in reversed(self._saved_names):
+            if value is _MISSING:
+                namespace.pop(name, None)
+            else:
+                namespace[name] = value
+        self._saved_names.clear()
+
+
+def plan_swap(module: types.ModuleType, old_source: str, new_source: str, filename: str) -> SwapPlan:
+    """Work out, without changing anything, how to make ``module`` run ``new_source``.
+
+    ``old_source`` must be the source the module's live code was compiled from (or was swapped to).
+    """
+    try:
+        old_tree = ast.parse(old_source)
+        new_tree = ast.parse(new_source, filename)
+        old_code = compile(old_tree, "<old>", "exec", dont_inherit=True)
+        new_code = compile(new_tree, filename, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise CodeSwapError(f"patched source does not compile: {exc}") from exc
+
+    plan = SwapPlan(module, filename, new_source)
+
+    # Module-level statements: only insertions of defs, classes, imports and assignments.
+    old_shapes = [_shape(s) for s in old_tree.body]
+    new_shapes = [_shape(s) for s in new_tree.body]
+    matcher = difflib.SequenceMatcher(a=old_shapes, b=new_shapes, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        if tag != "insert":
+            line = old_tree.body[i1].lineno if i1 < len(old_tree.body) else len(old_source.splitlines())
+            raise CodeSwapError(
+                f"the patch changes module-level code of {module.__name__} near line {line} "
+                "(decorators, default values, class bodies or other statements); the runtime "
+                "overlay can only change function bodies and add new top-level definitions"
+            )
+        for stmt in new_tree.body[j1:j2]:
+            if not isinstance(stmt, _NEW_STATEMENTS):
+                raise CodeSwapError(
+                    f"the patch adds a {type(stmt).__name__} statement at line {stmt.lineno} of "
+                    f"{module.__name__}; only defs, classes, imports and assignments can be added"
+                )
+            code = compile(ast.Module(body=[stmt], type_ignores=[]), filename, "exec", dont_inherit=True)
+            plan.new_statements.append((code, _bound_names(stmt), stmt.lineno))
+
+    # Changed code objects, paired by qualname and order of appearance.
+    old_codes = _codes_by_qualname(old_code)
+    new_codes = _codes_by_qualname(new_code)
+    changed: dict[str, list[tuple[types.CodeType, types.CodeType]]] = {}
+    for qualname, olds in old_codes.items():
+        news = new_codes.get(qualname, [])
+        if len(news) != len(olds):
+            # A nested function appeared or vanished: its parent differs and is swapped instead.
+            continue
+        for old, new in zip(olds, news):
+            if not _same_code(old, new):
+                changed.setdefault(qualname, []).append((old, new))
+    if not changed and not plan.new_statements:
+        return plan
+
+    # Live functions of this module whose code is one of the changed originals.
+    namespace = module.__dict__
+    live: dict[str, list[types.FunctionType]] = {}
+    lru_wrapper = type(functools.lru_cache(maxsize=None)(lambda: None))
+    wrappers = []
+    for obj in gc.get_objects():
+        if type(obj) is types.FunctionType:
+            if obj.__globals__ is namespace and obj.__code__.co_qualname in changed:
+                live.setdefault(obj.__code__.co_qualname, []).append(obj)
+        elif type(obj) is lru_wrapper:
+            wrappers.append(obj)
+
+    swapped: set[int] = set()
+    for qualname, pairs in changed.items():
+        plan.changed.append(qualname)
+        for fn in live.get(qualname, []):
+            for old, new in pairs:
+                if _same_code(fn.__code__, old):
+                    if fn.__code__.co_freevars != new.co_freevars:
+                        raise CodeSwapError(
+                            f"{module.__name__}.{qualname}: the patch changes the variables the "
+                            "function closes over; it cannot be swapped at run time"
+                        )
+                    plan.swaps.append((fn, fn.__code__, new))
+                    swapped.add(id(fn))
+                    break
+    # A changed function defined at module or class level must be live somewhere.
+    for qualname in changed:
+        if "<locals>" not in qualname and not any(f.__code__.co_qualname == qualname for f, _, _ in plan.swaps):
+            raise CodeSwapError(f"{module.__name__}.{qualname} changed but no live function runs its code")
+    plan.caches = [w for w in wrappers if id(getattr(w, "__wrapped__", None)) in swapped]
+    return plan

@@ -1,0 +1,46 @@
+"""Environment switches, read once per process."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Config", "load_config"]
+
+
+@dataclass(frozen=True)
+class Config:
+    enabled: bool  # TORCH_OVERLAY=0 turns the overlay off
+    disabled_ids: frozenset[str]  # TORCH_OVERLAY_DISABLE=id,id
+    strict: bool  # TORCH_OVERLAY_STRICT=1 raises instead of warning
+    patches_dir: Path  # TORCH_OVERLAY_PATCHES=dir (default: the shipped series)
+
+
+def _truthy(value: str | None, default: bool) -> bool:
+    if value is None or value.strip() == "":
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def default_patches_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    # A source checkout keeps the series at the top level; an installed package carries a copy.
+    for candidate in (here.parent / "patches", here / "patches"):
+        if (candidate / "series").is_file():
+            return candidate
+    return here.parent / "patches"
+
+
+def load_config(environ: dict[str, str] | None = None) -> Config:
+    env = os.environ if environ is None else environ
+    disabled = frozenset(
+        item.strip() for item in env.get("TORCH_OVERLAY_DISABLE", "").split(",") if item.strip()
+    )
+    patches = env.get("TORCH_OVERLAY_PATCHES")
+    return Config(
+        enabled=_truthy(env.get("TORCH_OVERLAY"), True),
+        disabled_ids=disabled,
+        strict=_truthy(env.get("TORCH_OVERLAY_STRICT"), False),
+        patches_dir=Path(patches) if patches else default_patches_dir(),
+    )

@@ -1,0 +1,77 @@
+"""Read ``patches/series`` into patches grouped by Overlay-Id (a patch and its variants)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._patchfile import PatchFile, PatchParseError, parse_patch
+from ._versions import version_in
+
+__all__ = ["Patch", "read_series"]
+
+
+@dataclass
+class Patch:
+    """One fix: its id and the variants (diffs) that may carry it."""
+
+    id: str
+    variants: list[PatchFile] = field(default_factory=list)
+    error: str | None = None  # set when the patch file could not be parsed
+
+    @property
+    def main(self) -> PatchFile | None:
+        return self.variants[0] if self.variants else None
+
+    @property
+    def targets(self) -> list[str]:
+        """Module names of every file any variant touches, in first-seen order."""
+        seen: dict[str, None] = {}
+        for variant in self.variants:
+            for diff in variant.files:
+                seen.setdefault(diff.module, None)
+        return list(seen)
+
+    @property
+    def target_paths(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for variant in self.variants:
+            for diff in variant.files:
+                seen.setdefault(diff.path, None)
+        return list(seen)
+
+    def ordered_variants(self, torch_version: str) -> list[PatchFile]:
+        """Variants written for ``torch_version`` first, then the others."""
+        fits = [v for v in self.variants if version_in(torch_version, v.fields.get("Torch-Versions", ""))]
+        return fits + [v for v in self.variants if v not in fits]
+
+
+def _id_from_filename(name: str) -> str:
+    stem = name[: -len(".patch")] if name.endswith(".patch") else name
+    stem = stem.split("@", 1)[0]
+    head, _, rest = stem.partition("-")
+    return rest if head.isdigit() and rest else stem
+
+
+def read_series(patches_dir: Path) -> list[Patch]:
+    """Parse the series; a malformed entry becomes a Patch with ``error`` set, others still load."""
+    series = patches_dir / "series"
+    if not series.is_file():
+        return []
+    patches: dict[str, Patch] = {}
+    for lineno, raw in enumerate(series.read_text(encoding="utf-8").splitlines(), 1):
+        name = raw.split("#", 1)[0].strip()
+        if not name:
+            continue
+        path = patches_dir / name
+        try:
+            if not path.is_file():
+                raise PatchParseError(series, lineno, f"{name} is listed but does not exist")
+            parsed = parse_patch(path)
+        except (PatchParseError, UnicodeDecodeError) as exc:
+            pid = _id_from_filename(name)
+            patches.setdefault(pid, Patch(pid)).error = str(exc)
+            continue
+        patch = patches.setdefault(parsed.id, Patch(parsed.id))
+        patch.variants.append(parsed)
+    return list(patches.values())

@@ -1,0 +1,67 @@
+"""Where torch is installed and which version, found without importing torch."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+__all__ = ["parse_version", "torch_root", "torch_version", "version_in"]
+
+Version = tuple[int, int, int]
+
+
+def parse_version(text: str) -> Version:
+    """``"2.13.0+cpu"`` -> ``(2, 13, 0)``; missing parts count as 0."""
+    m = re.match(r"\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?", text)
+    if not m:
+        raise ValueError(f"not a version: {text!r}")
+    return tuple(int(g or 0) for g in m.groups())  # type: ignore[return-value]
+
+
+@functools.cache
+def torch_root() -> Path:
+    """The folder that holds the ``torch`` package (site-packages, or a checkout)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "__file__", None):
+        return Path(torch.__file__).resolve().parent.parent
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("torch is not installed")
+    return Path(next(iter(spec.submodule_search_locations))).resolve().parent
+
+
+@functools.cache
+def torch_version() -> str:
+    """The installed torch's ``__version__`` string, read from ``torch/version.py``."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "__version__"):
+        return str(torch.__version__)
+    text = (torch_root() / "torch" / "version.py").read_text(encoding="utf-8")
+    m = re.search(r"^__version__\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    if not m:
+        raise ImportError("cannot read torch/version.py")
+    return m.group(1)
+
+
+def version_in(version: str | Version, spec: str) -> bool:
+    """Whether ``version`` satisfies ``spec`` such as ``">=2.11,<2.13"`` (empty: always)."""
+    v = parse_version(version) if isinstance(version, str) else version
+    for clause in filter(None, (c.strip() for c in spec.split(","))):
+        m = re.fullmatch(r"(>=|<=|==|!=|>|<)\s*(\S+)", clause)
+        if not m:
+            raise ValueError(f"bad version clause {clause!r} in {spec!r}")
+        op, bound = m.group(1), parse_version(m.group(2))
+        ok = {
+            ">=": v >= bound,
+            "<=": v <= bound,
+            ">": v > bound,
+            "<": v < bound,
+            "==": v[: len(m.group(2).split("."))] == bound[: len(m.group(2).split("."))],
+            "!=": v[: len(m.group(2).split("."))] != bound[: len(m.group(2).split("."))],
+        }[op]
+        if not ok:
+            return False
+    return True
