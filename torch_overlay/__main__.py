@@ -1,0 +1,79 @@
+"""``python -m torch_overlay status|verify``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import torch_overlay
+
+from ._report import format_status, format_table, to_json
+from ._verify import verify_patch
+from ._versions import torch_version
+
+
+def _import_targets() -> None:
+    """Import every target module so that each patch reaches its final state."""
+    for row in torch_overlay.status():
+        if row.state != "pending":
+            continue
+        for path in row.targets:
+            name = path[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:  # reported as pending with the reason
+                print(f"note: cannot import {name}: {exc}", file=sys.stderr)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if not args.lazy:
+        _import_targets()
+    rows = torch_overlay.status()
+    if args.json:
+        print(to_json(rows, torch=torch_version()))
+    else:
+        print(f"torch {torch_version()}; patches from {torch_overlay._overlay.config.patches_dir}")
+        print(format_status(rows))
+    bad = [r for r in rows if r.state in ("drift", "failed")]
+    return 1 if bad else 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    repo = Path(torch_overlay._overlay.config.patches_dir).parent
+    patches = [p for p in torch_overlay._overlay.patches() if not args.ids or p.id in args.ids]
+    verdicts = []
+    for patch in patches:
+        if not args.json:
+            print(f"verifying {patch.id} ...", file=sys.stderr, flush=True)
+        verdicts.append(verify_patch(patch, repo, timeout=args.timeout))
+    if args.json:
+        print(json.dumps({"torch": torch_version(), "verdicts": [v.as_dict() for v in verdicts]}, indent=2))
+    else:
+        print(f"torch {torch_version()}")
+        table = [[v.id, v.without, v.with_, f"{v.seconds:.0f}s", f"{v.verdict}  [{v.test}]"] for v in verdicts]
+        print(format_table(["id", "without", "with", "time", "verdict  [reproducer]"], table))
+    broken = [v for v in verdicts if v.verdict.startswith(("NOT FIXED", "REGRESSION", "could not"))]
+    return 1 if broken else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_overlay", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("status", help="state of every patch for the installed torch")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--lazy", action="store_true", help="do not import the target modules first")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("verify", help="run each reproducer without and with the overlay")
+    p.add_argument("ids", nargs="*", help="patch ids (default: all)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per reproducer run")
+    p.set_defaults(func=cmd_verify)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
