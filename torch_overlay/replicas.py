@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Literal, TYPE_CHECKING
@@ -42,7 +44,7 @@ __all__ = [
 
 
 # Columns of one checksum row; every rank of a group sends one row per slot.
-_STATUS, _NUMEL, _SUM, _ABS_SUM, _WEIGHTED_SUM = range(5)
+_STATUS, _NUMEL, _SUM, _WEIGHTED_SUM, _ABS_SUM = range(5)
 _ROW_WIDTH = 5
 
 # Values of the status column.
@@ -50,8 +52,9 @@ _ABSENT = 0.0  # the grad is None
 _PRESENT = 1.0  # compared
 _NOT_REPLICATED = 2.0  # the grad is Shard/Partial on this mesh dim: nothing to compare
 
-# Elements cast to float64 at a time, to bound the extra memory of a checksum.
-_CHUNK = 1 << 22
+# Elements copied to float64 at a time: bounds the scratch memory of a check
+# (two float64 vectors of this length per device).
+_CHUNK = 1 << 20
 # Position weights are 0.5 + frac(i * phi) (a Weyl sequence): distinct for every
 # index of a chunk, so swapping two different values changes the weighted sum.
 _PHI = (math.sqrt(5.0) - 1.0) / 2.0
@@ -87,7 +90,11 @@ class ReplicaMismatch:
         return tuple(sorted(r for group in self.rank_groups[1:] for r in group))
 
     def __str__(self) -> str:
-        dim = f"{self.mesh_dim} ({self.mesh_dim_name!r})" if self.mesh_dim_name else str(self.mesh_dim)
+        dim = (
+            f"{self.mesh_dim} ({self.mesh_dim_name!r})"
+            if self.mesh_dim_name
+            else str(self.mesh_dim)
+        )
         groups = " vs ".join(str(list(group)) for group in self.rank_groups)
         text = f"{self.kind} {self.name!r}: replicas differ on mesh dim {dim}: ranks {groups}"
         if self.detail:
@@ -122,11 +129,8 @@ class ReplicaReport:
     def __str__(self) -> str:
         if self.ok:
             return f"replicas agree ({self.num_checked} tensor/mesh-dim pairs checked)"
-        lines = [
-            f"{len(self.mismatches)} of {self.num_checked} replicated tensor/mesh-dim pairs diverged:"
-        ]
-        lines += [f"  {m}" for m in self.mismatches]
-        return "\n".join(lines)
+        head = f"replicas diverged ({self.num_checked} tensor/mesh-dim pairs compared):"
+        return "\n  ".join([head, *map(str, self.mismatches)])
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -158,16 +162,20 @@ class _Checksums:
     """float64 checksums of local tensors, each computed once per call."""
 
     def __init__(self) -> None:
-        self._weights: dict[torch.device, torch.Tensor] = {}
+        # Per device: position weights and a float64 buffer, reused across chunks
+        # and tensors (a fresh cast per chunk costs more than the reductions).
+        self._scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._cache: dict[tuple[str, str], torch.Tensor] = {}
 
-    def _weights_for(self, device: torch.device, n: int) -> torch.Tensor:
-        weights = self._weights.get(device)
-        if weights is None or weights.numel() < n:
-            weights = torch.arange(n, dtype=torch.float64, device=device)
+    def _scratch_for(self, device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        scratch = self._scratch.get(device)
+        if scratch is None or scratch[0].numel() < n:
+            size = min(_CHUNK, max(n, 2 * scratch[0].numel() if scratch else 0))
+            weights = torch.arange(size, dtype=torch.float64, device=device)
             weights = weights.mul_(_PHI).frac_().add_(0.5)
-            self._weights[device] = weights
-        return weights[:n]
+            scratch = self._scratch[device] = (weights, torch.empty_like(weights))
+        weights, buffer = scratch
+        return weights[:n], buffer[:n]
 
     def _compute(self, local: torch.Tensor) -> torch.Tensor:
         flat = local.detach().reshape(-1)
@@ -175,9 +183,11 @@ class _Checksums:
             flat = torch.view_as_real(flat).reshape(-1)
         sums = torch.zeros(3, dtype=torch.float64, device=flat.device)
         for start in range(0, flat.numel(), _CHUNK):
-            chunk = flat[start : start + _CHUNK].to(torch.float64)
-            weights = self._weights_for(chunk.device, chunk.numel())
-            sums += torch.stack([chunk.sum(), chunk.abs().sum(), torch.dot(chunk, weights)])
+            chunk = flat[start : start + _CHUNK]
+            weights, buffer = self._scratch_for(chunk.device, chunk.numel())
+            buffer.copy_(chunk)
+            # abs_ goes last: it overwrites the copy the other two read.
+            sums += torch.stack([buffer.sum(), torch.dot(buffer, weights), buffer.abs_().sum()])
         head = torch.tensor([_PRESENT, flat.numel()], dtype=torch.float64, device=flat.device)
         return torch.cat([head, sums])
 
@@ -210,9 +220,7 @@ def _grad_row(
     return checksums.row((name, "grad"), grad)
 
 
-def _collect(
-    module: nn.Module, *, grads: bool, params: bool
-) -> list[_Bucket]:
+def _collect(module: nn.Module, *, grads: bool, params: bool) -> list[_Bucket]:
     from torch.distributed.tensor import DTensor
 
     checksums = _Checksums()
@@ -254,7 +262,7 @@ def _tolerance(rows: torch.Tensor, atol: float) -> torch.Tensor:
     # Element differences of at most atol move each sum by at most atol * numel
     # (times the largest weight for the weighted sum); status and numel must match.
     numel = rows[..., _NUMEL]
-    scale = torch.tensor([0.0, 0.0, 1.0, 1.0, _MAX_WEIGHT], dtype=torch.float64)
+    scale = torch.tensor([0.0, 0.0, 1.0, _MAX_WEIGHT, 1.0], dtype=torch.float64)
     return atol * numel.unsqueeze(-1) * scale
 
 
@@ -264,8 +272,8 @@ def _split_ranks(
     """Groups the ranks of one slot by checksum; rows is (group size, row width)."""
     reps: list[torch.Tensor] = []
     members: list[list[int]] = []
-    for row, rank in zip(rows, ranks):
-        for rep, group in zip(reps, members):
+    for row, rank in zip(rows, ranks, strict=True):
+        for rep, group in zip(reps, members, strict=True):
             if _same(row, rep, _tolerance(rep, atol)):
                 group.append(rank)
                 break
@@ -300,7 +308,9 @@ def _compare(
         rank_groups, gap = _split_ranks(rows[:, index], ranks, atol)
         detail = ""
         if not same_status[index]:
-            missing = [r for r, s in zip(ranks, status[:, index].tolist()) if s == _ABSENT]
+            missing = [
+                r for r, s in zip(ranks, status[:, index].tolist(), strict=True) if s == _ABSENT
+            ]
             detail = f"grad is None on ranks {missing}"
             gap = math.inf
         mismatches.append(
@@ -340,6 +350,8 @@ def check_replicas(
 
     if atol < 0:
         raise ValueError(f"atol must be >= 0, got {atol}")
+    # all_gather_into_tensor is deprecated from torch 2.13 in favour of this name.
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     with torch.no_grad():
         buckets = _collect(module, grads=grads, params=params)
         pending = []
@@ -348,7 +360,7 @@ def check_replicas(
             size = dist.get_world_size(bucket.group)
             gathered = rows.new_empty(size * rows.shape[0], _ROW_WIDTH)
             # Issue every all-gather before waiting so they overlap.
-            work = dist.all_gather_into_tensor(gathered, rows, group=bucket.group, async_op=True)
+            work = all_gather(gathered, rows, group=bucket.group, async_op=True)
             pending.append((bucket, gathered, work))
         mismatches: list[ReplicaMismatch] = []
         num_checked = 0
@@ -361,6 +373,21 @@ def check_replicas(
     if raise_on_divergence and not report.ok:
         raise ReplicaDivergenceError(report)
     return report
+
+
+def _caller_stacklevel() -> int:
+    """Stack level of the first frame outside torch and this module.
+
+    The guard's check runs inside autograd's engine; its warning should point at
+    the ``backward()`` call of the training loop, not at torch internals.
+    """
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and (
+        frame.f_code.co_filename.startswith(torch_dir) or frame.f_code.co_filename == __file__
+    ):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class ReplicaGuard:
@@ -414,7 +441,7 @@ class ReplicaGuard:
             return
         if self.action == "raise":
             raise ReplicaDivergenceError(report)
-        warnings.warn(str(report), ReplicaDivergenceWarning, stacklevel=2)
+        warnings.warn(str(report), ReplicaDivergenceWarning, stacklevel=_caller_stacklevel())
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -449,6 +476,4 @@ def guard_replicas(
     the model is parallelized: parameters swapped later are not hooked. Returns
     a :class:`ReplicaGuard`; call ``remove()`` or use it as a context manager.
     """
-    return ReplicaGuard(
-        module, every=every, action=action, grads=grads, params=params, atol=atol
-    )
+    return ReplicaGuard(module, every=every, action=action, grads=grads, params=params, atol=atol)

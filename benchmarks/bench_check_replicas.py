@@ -1,0 +1,108 @@
+"""Cost of check_replicas relative to one backward of the toy TP MoE block.
+
+Runs two gloo CPU ranks (torch.multiprocessing) and prints one line from rank 0:
+the check on the TP MoE block (only the router gate is replicated) and the check
+on a module of the same size with every parameter replicated (the worst case:
+each element is checksummed), both with grads, against the block's backward.
+Medians over a few iterations.
+"""
+
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, Replicate
+
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.replicas.test_check_replicas import RIGHT, ToyTPMoE  # noqa: E402
+from torch_overlay.replicas import check_replicas  # noqa: E402
+
+
+WORLD_SIZE = 2
+WARMUP = 3
+ITERS = 15
+SIZES = {"dim": 128, "num_experts": 8, "hidden": 512}
+TOKENS_PER_RANK = 256
+
+
+def _median_ms(fn: Callable[[], object], setup: Callable[[], object] = lambda: None) -> float:
+    times = []
+    for i in range(WARMUP + ITERS):
+        setup()
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        if i >= WARMUP:
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _replicated_copy(model: nn.Module, mesh) -> nn.Module:
+    """The same parameters (full size), all Replicate, with Replicate grads."""
+    copy = nn.ParameterList()
+    for param in model.parameters():
+        full = param.full_tensor().detach()
+        replica = nn.Parameter(distribute_tensor(full, mesh, [Replicate()]))
+        replica.grad = distribute_tensor(torch.randn_like(full), mesh, [Replicate()])
+        copy.append(replica)
+    return copy
+
+
+def _run(rank: int, port: int) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
+    )
+    mesh = init_device_mesh("cpu", (WORLD_SIZE,))
+    model = ToyTPMoE(mesh, RIGHT, **SIZES)
+    tokens = torch.randn(
+        TOKENS_PER_RANK, SIZES["dim"], generator=torch.Generator().manual_seed(rank)
+    )
+    losses = []
+
+    def forward() -> None:
+        model.zero_grad(set_to_none=True)
+        losses.append(model(tokens).pow(2).sum())
+
+    backward_ms = _median_ms(lambda: losses.pop().backward(), setup=forward)
+    forward()
+    losses.pop().backward()
+    check_ms = _median_ms(lambda: check_replicas(model))
+    replicated = _replicated_copy(model, mesh)
+    worst_ms = _median_ms(lambda: check_replicas(replicated))
+    report = check_replicas(model)
+    numel = sum(p.numel() for p in replicated)
+    if rank == 0:
+        print(
+            f"check_replicas: {check_ms:.2f} ms vs backward {backward_ms:.2f} ms "
+            f"(ratio {check_ms / backward_ms:.3f}; {report.num_checked} replicated tensor(s), "
+            f"{report.num_collectives} all-gather; all {numel} params replicated: "
+            f"{worst_ms:.2f} ms, ratio {worst_ms / backward_ms:.3f}; gloo CPU, world size "
+            f"{WORLD_SIZE})",
+            flush=True,
+        )
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_run, args=(port,), nprocs=WORLD_SIZE)
+
+
+if __name__ == "__main__":
+    main()

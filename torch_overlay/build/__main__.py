@@ -1,0 +1,87 @@
+"""``python -m torch_overlay.build apply|wheel|stage`` (what ``./build.sh apply|wheel|stage`` runs)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .._config import load_config
+from . import BuildError
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def _add_patches(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--patches",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the patches folder holding `series` (default: TORCH_OVERLAY_PATCHES or the shipped one)",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="./build.sh", description=__doc__)
+    sub = parser.add_subparsers(dest="verb", required=True)
+
+    p = sub.add_parser(
+        "apply",
+        help="apply the patch series to a PyTorch git checkout",
+        description="Apply the series to a PyTorch git checkout, with the variant of each patch that fits "
+        "its version.txt. Everything is checked first: a dirty tree, a folder that is not a PyTorch "
+        "checkout or a drifted patch is refused and nothing changes. Patches already present are "
+        "reported `upstream` and skipped, so a second run changes nothing.",
+    )
+    p.add_argument("src", type=Path, metavar="PYTORCH_SRC")
+    p.add_argument("--check", action="store_true", help="only report per patch: would apply / upstream / drift (exit 1 on drift)")
+    p.add_argument("--reverse", action="store_true", help="undo an earlier (uncommitted) apply")
+    _add_patches(p)
+
+    p = sub.add_parser(
+        "wheel",
+        help="rebuild a torch wheel with the series applied",
+        description="Rebuild WHEEL (default: the installed torch's wheel, from pip's find-links or cache, "
+        "else from the installed files) with the series applied to its Python files and the local "
+        "version label overlay.N (N patches applied). Patches that are `upstream` for it are skipped.",
+    )
+    p.add_argument("wheel", type=Path, nargs="?", metavar="WHEEL")
+    p.add_argument("--out", type=Path, default=_REPO / "dist", metavar="DIR", help="output folder (default: %(default)s)")
+    _add_patches(p)
+
+    p = sub.add_parser(
+        "stage",
+        help="one upstream-style commit per patch, on a new branch",
+        description="On a new branch of a clean PyTorch checkout, commit each patch that applies with its "
+        "test at its Upstream-Test path and a PyTorch-style message (title, summary, Fixes #N, test "
+        "plan), ready for ghstack; write a PR body <id>.md per patch. Offline; changes nothing "
+        "outside the checkout unless --out points elsewhere.",
+    )
+    p.add_argument("src", type=Path, metavar="PYTORCH_SRC")
+    p.add_argument("--branch", default=None, help="branch to create (default: torch-overlay/<series hash>)")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR", help="PR body folder (default: inside the checkout's .git)")
+    _add_patches(p)
+
+    args = parser.parse_args(argv)
+    patches = (args.patches or load_config().patches_dir).resolve()
+    try:
+        if args.verb == "apply":
+            from .apply import run_apply
+
+            return run_apply(args.src, patches, check=args.check, reverse=args.reverse)
+        if args.verb == "wheel":
+            from .wheel import run_wheel
+
+            return run_wheel(args.wheel, args.out, patches)
+        from .stage import run_stage
+
+        return run_stage(args.src, patches, out_dir=args.out, branch=args.branch)
+    except BuildError as exc:
+        sys.stdout.flush()
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
