@@ -11,6 +11,7 @@ import ast
 import difflib
 import functools
 import gc
+import inspect
 import linecache
 import types
 from dataclasses import dataclass, field
@@ -213,6 +214,9 @@ def plan_swap(module: types.ModuleType, old_source: str, new_source: str, filena
             # A nested function appeared or vanished: its parent differs and is swapped instead.
             continue
         for old, new in zip(olds, news):
+            # Class bodies run once at import; their statements are checked by shape above.
+            if not old.co_flags & inspect.CO_OPTIMIZED:
+                continue
             if not _same_code(old, new):
                 changed.setdefault(qualname, []).append((old, new))
     if not changed and not plan.new_statements:

@@ -41,9 +41,15 @@ class Patch:
         return list(seen)
 
     def ordered_variants(self, torch_version: str) -> list[PatchFile]:
-        """Variants written for ``torch_version`` first, then the others."""
-        fits = [v for v in self.variants if version_in(torch_version, v.fields.get("Torch-Versions", ""))]
-        return fits + [v for v in self.variants if v not in fits]
+        """Variants written for ``torch_version`` first, then general ones, then the rest."""
+
+        def rank(variant: PatchFile) -> int:
+            spec = variant.fields.get("Torch-Versions", "")
+            if not spec:
+                return 1
+            return 0 if version_in(torch_version, spec) else 2
+
+        return sorted(self.variants, key=rank)
 
 
 def _id_from_filename(name: str) -> str:

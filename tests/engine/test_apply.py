@@ -1,0 +1,263 @@
+import functools
+import importlib
+import inspect
+import sys
+import traceback
+import warnings
+
+import pytest
+
+import torch.compiler.config as compiler_config
+
+from torch_overlay._engine import Overlay, OverlayError
+
+from ._fixtures import make_diff, make_patch
+
+MODULE = '''\
+import functools
+
+REGISTRY = {}
+
+
+def register(fn):
+    REGISTRY[fn.__name__] = fn
+    return fn
+
+
+@register
+def answer():
+    return 41
+
+
+def make_adder(k):
+    def add(x):
+        return x + k + 0
+
+    return add
+
+
+ADD_TWO = make_adder(2)
+
+
+class Widget:
+    def size(self):
+        return 1
+
+    @property
+    def label(self):
+        return "old"
+
+
+@functools.lru_cache(maxsize=None)
+def cached():
+    return "old"
+'''
+
+PATCHED = (
+    MODULE.replace("return 41", "return 42")
+    .replace("return x + k + 0", "return x + k + 100")
+    .replace("        return 1\n", "        return 2\n")
+    .replace('return "old"\n\n\n@functools', 'return "new"\n\n\n@functools')
+    .replace('def cached():\n    return "old"', 'def cached():\n    return helper()')
+    + '\n\ndef helper():\n    return "new"\n'
+)
+
+
+@pytest.fixture
+def overlays():
+    made = []
+
+    def make(config):
+        overlay = Overlay(config)
+        made.append(overlay)
+        return overlay
+
+    yield make
+    for overlay in made:
+        overlay.revert()
+
+
+def _state(overlay, pid):
+    return {s.id: s for s in overlay.status()}[pid]
+
+
+def test_lazy_apply_swaps_functions_methods_closures_and_aliases(sandbox, config, overlays):
+    name, path = sandbox.module(MODULE)
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
+    overlay = overlays(config())
+    overlay.activate()
+    assert _state(overlay, "fix").state == "pending"
+    assert name in _state(overlay, "fix").reason
+
+    mod = importlib.import_module(name)
+    st = _state(overlay, "fix")
+    assert st.state == "applied", st.reason
+    alias = mod.REGISTRY["answer"]  # a registry holding the function object
+    assert mod.answer() == 42 and alias() == 42
+    assert mod.ADD_TWO(1) == 103  # a closure created before the patch
+    assert mod.make_adder(1)(1) == 102
+    assert mod.Widget().size() == 2
+    assert mod.Widget().label == "new"
+    assert mod.helper() == "new" and mod.cached() == "new"
+    # Tracebacks and inspect show the patched lines, under a name that says where they came from.
+    assert "[torch_overlay:fix]" in mod.answer.__code__.co_filename
+    assert "return 42" in inspect.getsource(mod.answer)
+    assert "return x + k + 100" in inspect.getsource(mod.ADD_TWO)
+
+    overlay.revert()
+    assert mod.answer() == 41 and alias() == 41
+    assert mod.ADD_TWO(1) == 3 and mod.Widget().size() == 1 and mod.Widget().label == "old"
+    assert mod.cached() == "old" and not hasattr(mod, "helper")
+    assert _state(overlay, "fix").state == "disabled"
+
+
+def test_already_imported_module_is_patched_at_activation(sandbox, config, overlays):
+    name, path = sandbox.module(MODULE)
+    mod = importlib.import_module(name)
+    cached_before = mod.cached()  # fills the lru cache with the old result
+    assert cached_before == "old"
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
+    overlay = overlays(config())
+    overlay.activate()
+    assert _state(overlay, "fix").state == "applied"
+    assert mod.cached() == "new"  # the lru cache around a swapped function was cleared
+    overlay.activate()  # idempotent
+    overlay._apply(overlay._entries[0])
+    assert mod.answer() == 42 and mod.ADD_TWO(0) == 102
+
+
+def test_offsets_are_allowed(sandbox, config, overlays):
+    shifted = "# a comment the patch did not see\n" * 5 + MODULE
+    name, path = sandbox.module(shifted)
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
+    overlays(config()).activate()
+    assert importlib.import_module(name).answer() == 42
+
+
+def test_upstream_when_reverse_applies(sandbox, config, overlays):
+    name, path = sandbox.module(PATCHED)
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
+    overlay = overlays(config())
+    overlay.activate()
+    mod = importlib.import_module(name)
+    st = _state(overlay, "fix")
+    assert st.state == "upstream" and "reverse-applies" in st.reason
+    assert "[torch_overlay" not in mod.answer.__code__.co_filename
+
+
+def test_drift_warns_and_leaves_torch_untouched(sandbox, config, overlays):
+    drifted = MODULE.replace("def make_adder(k):", "def make_adder(k: int):").replace("return 41", "return 40")
+    name, path = sandbox.module(drifted)
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
+    overlay = overlays(config())
+    overlay.activate()
+    with pytest.warns(UserWarning, match="patch fix drift"):
+        mod = importlib.import_module(name)
+    assert _state(overlay, "fix").state == "drift"
+    assert mod.answer() == 40 and mod.ADD_TWO(1) == 3
+
+
+def test_applied_upstream_field_retires_a_drifted_backport(sandbox, config, overlays):
+    name, path = sandbox.module(MODULE.replace("return 41", "return 40"))
+    patch = make_patch("fix", [make_diff(path, MODULE, PATCHED)], Applied_Upstream="2.0.0")
+    sandbox.series(("0001-fix.patch", patch))
+    overlay = overlays(config())
+    overlay.activate()
+    importlib.import_module(name)
+    st = _state(overlay, "fix")
+    assert st.state == "upstream" and "fixed upstream in torch 2.0.0" in st.reason
+
+
+def test_strict_mode_raises(sandbox, config, overlays):
+    name, path = sandbox.module(MODULE.replace("return 41", "return 40"))
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
+    overlays(config(strict=True)).activate()
+    with pytest.raises(OverlayError, match="drift"):
+        importlib.import_module(name)
+
+
+def test_disabled_by_id_and_globally(sandbox, config, overlays):
+    name, path = sandbox.module(MODULE)
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
+    overlay = overlays(config(disabled_ids=frozenset({"fix"})))
+    overlay.activate()
+    assert importlib.import_module(name).answer() == 41
+    assert _state(overlay, "fix").state == "disabled"
+    overlay2 = overlays(config(enabled=False))
+    overlay2.activate()
+    assert _state(overlay2, "fix").reason == "TORCH_OVERLAY=0"
+
+
+def test_variant_for_the_installed_torch_is_chosen(sandbox, config, overlays):
+    other = MODULE.replace("return 41", "return 41  # other torch")
+    name, path = sandbox.module(MODULE)
+    v1 = make_patch("fix", [make_diff(path, other, other.replace("return 41", "return 42"))], Torch_Versions="<2.0")
+    v2 = make_patch("fix", [make_diff(path, MODULE, MODULE.replace("return 41", "return 42"))], Torch_Versions=">=2.0")
+    sandbox.series(("0001-fix.patch", v1), ("0001-fix@2.0.patch", v2))
+    overlay = overlays(config())
+    overlay.activate()
+    assert importlib.import_module(name).answer() == 42
+    assert _state(overlay, "fix").variant == "0001-fix@2.0.patch"
+
+
+def test_multi_file_patch_is_atomic(sandbox, config, overlays):
+    name_a, path_a = sandbox.module(MODULE)
+    name_b, path_b = sandbox.module("def g():\n    return 1\n\n\nVALUE = 1\n")
+    bad_b = "def g():\n    return 1\n\n\nVALUE = 2\n"  # a module-level change: refused
+    patch = make_patch(
+        "two-files",
+        [make_diff(path_a, MODULE, PATCHED), make_diff(path_b, "def g():\n    return 1\n\n\nVALUE = 1\n", bad_b)],
+    )
+    sandbox.series(("0001-two-files.patch", patch))
+    overlay = overlays(config())
+    overlay.activate()
+    mod_a = importlib.import_module(name_a)
+    assert _state(overlay, "two-files").state == "pending"  # waits for its second module
+    with pytest.warns(UserWarning, match="failed"):
+        importlib.import_module(name_b)
+    st = _state(overlay, "two-files")
+    assert st.state == "failed" and "module-level code" in st.reason
+    assert mod_a.answer() == 41  # nothing half applied
+
+
+def test_patch_series_stacks_on_one_module(sandbox, config, overlays):
+    name, path = sandbox.module(MODULE)
+    step1 = MODULE.replace("return 41", "return 42")
+    step2 = step1.replace("        return 1\n", "        return 2\n")
+    sandbox.series(
+        ("0001-one.patch", make_patch("one", [make_diff(path, MODULE, step1)])),
+        ("0002-two.patch", make_patch("two", [make_diff(path, step1, step2)])),
+    )
+    overlay = overlays(config())
+    overlay.activate()
+    mod = importlib.import_module(name)
+    assert [s.state for s in overlay.status()] == ["applied", "applied"]
+    assert mod.answer() == 42 and mod.Widget().size() == 2
+    assert "[torch_overlay:one]" in mod.answer.__code__.co_filename
+    assert "[torch_overlay:two]" in mod.Widget.size.__code__.co_filename
+
+
+def test_traceback_shows_patched_line(sandbox, config, overlays):
+    src = "def boom():\n    x = 1\n    raise ValueError(x)\n"
+    new = "def boom():\n    x = 2\n    raise ValueError('patched', x)\n"
+    name, path = sandbox.module(src)
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, src, new)])))
+    overlays(config()).activate()
+    mod = importlib.import_module(name)
+    try:
+        mod.boom()
+    except ValueError:
+        text = traceback.format_exc()
+    assert "raise ValueError('patched', x)" in text and "[torch_overlay:fix]" in text
+
+
+def test_compile_cache_key_is_salted_and_restored(sandbox, config, overlays):
+    name, path = sandbox.module(MODULE)
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
+    before = compiler_config.cache_key_tag
+    overlay = overlays(config())
+    overlay.activate()
+    importlib.import_module(name)
+    assert "torch_overlay:fix@" in compiler_config.cache_key_tag
+    overlay.revert()
+    assert compiler_config.cache_key_tag == before

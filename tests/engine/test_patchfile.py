@@ -1,0 +1,69 @@
+import pytest
+
+from torch_overlay._patchfile import parse_patch, PatchParseError
+from torch_overlay._series import read_series
+
+from ._fixtures import make_diff, make_patch
+
+OLD = "def f():\n    return 1\n"
+NEW = "def f():\n    return 2\n"
+
+
+def test_fields_description_and_hunks(tmp_path):
+    text = make_patch(
+        "some-fix",
+        [make_diff("torch/a.py", OLD, NEW), make_diff("torch/b/__init__.py", OLD, NEW)],
+        subject="[DTensor] do the thing",
+        Applied_Upstream="2.13.0",
+    )
+    patch = parse_patch(tmp_path / "x.patch", text)
+    assert patch.id == "some-fix"
+    assert patch.title == "[DTensor] do the thing"
+    assert patch.fields["Applied-Upstream"] == "2.13.0"
+    assert patch.description == "Test fixture."
+    assert [d.path for d in patch.files] == ["torch/a.py", "torch/b/__init__.py"]
+    assert [d.module for d in patch.files] == ["torch.a", "torch.b"]
+    (hunk,) = patch.files[0].hunks
+    assert hunk.side() == (["def f():", "    return 1"], ["def f():", "    return 2"])
+    assert hunk.side(reverse=True) == (["def f():", "    return 2"], ["def f():", "    return 1"])
+
+
+@pytest.mark.parametrize(
+    "mutate, message, line",
+    [
+        (lambda t: t.replace("Overlay-Id: some-fix\n", ""), "no 'Overlay-Id:'", None),
+        (lambda t: t.replace("Subject: [PATCH] fix\n", ""), "no 'Subject:'", 1),
+        (lambda t: t.replace("@@ -1,2 +1,2 @@", "@@ -1,5 +1,2 @@"), "unexpected line in hunk", None),
+        (lambda t: t.replace("+++ b/torch/a.py", "+++ b/torch/c.py"), "renames are not supported", None),
+        (lambda t: t.replace("--- a/torch/a.py", "--- a/setup.py"), "outside the torch/ tree", None),
+        (lambda t: t.replace("     return", "?    return", 1) if "     return" in t else t.replace("-    return 1", "?    return 1"), "unexpected line", None),
+    ],
+)
+def test_malformed_patch_names_file_and_line(tmp_path, mutate, message, line):
+    text = mutate(make_patch("some-fix", [make_diff("torch/a.py", OLD, NEW)]))
+    path = tmp_path / "0001-some-fix.patch"
+    with pytest.raises(PatchParseError, match=message) as info:
+        parse_patch(path, text)
+    assert str(info.value).startswith(f"{path}:")
+    assert info.value.lineno >= 1
+    if line is not None:
+        assert info.value.lineno == line
+
+
+def test_series_keeps_going_after_a_malformed_patch(tmp_path):
+    good = make_patch("good-fix", [make_diff("torch/a.py", OLD, NEW)])
+    (tmp_path / "0001-bad-fix.patch").write_text("Subject: x\n\nnothing here\n")
+    (tmp_path / "0002-good-fix.patch").write_text(good)
+    (tmp_path / "0002-good-fix@2.14.patch").write_text(good.replace("Bug:", "Torch-Versions: >=2.14\nBug:"))
+    (tmp_path / "series").write_text(
+        "# comment\n0001-bad-fix.patch\n0002-good-fix.patch\n0002-good-fix@2.14.patch\n0003-missing.patch\n"
+    )
+    patches = read_series(tmp_path)
+    assert [p.id for p in patches] == ["bad-fix", "good-fix", "missing"]
+    assert "0001-bad-fix.patch" in patches[0].error
+    assert patches[1].error is None and len(patches[1].variants) == 2
+    assert [v.path.name for v in patches[1].ordered_variants("2.14.1")] == [
+        "0002-good-fix@2.14.patch",
+        "0002-good-fix.patch",
+    ]
+    assert "does not exist" in patches[2].error
