@@ -35,26 +35,18 @@ class CodeSwapError(Exception):
     """The patched module cannot be applied to the live module by swapping code."""
 
 
-def _shape(node: ast.AST) -> str:
-    """``ast.dump`` of a module-level statement with function and lambda bodies left out."""
+def _shape(node: object) -> str:
+    """``ast.dump``-like text of a module-level statement, leaving out function and lambda bodies.
 
-    class _Strip(ast.NodeTransformer):
-        def _strip(self, fn: Any) -> Any:
-            fn.decorator_list = [self.visit(d) for d in fn.decorator_list]
-            fn.args = self.visit(fn.args)
-            fn.body = []
-            return fn
-
-        visit_FunctionDef = visit_AsyncFunctionDef = _strip
-
-        def visit_Lambda(self, node: ast.Lambda) -> Any:
-            node.args = self.visit(node.args)
-            node.body = ast.Constant(None)
-            return node
-
-    import copy
-
-    return ast.dump(_Strip().visit(copy.deepcopy(node)))
+    Body changes are handled by swapping code; everything else at module level must not change.
+    """
+    if isinstance(node, ast.AST):
+        skip = ("body",) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) else ()
+        fields = ",".join(f"{k}={_shape(v)}" for k, v in ast.iter_fields(node) if k not in skip)
+        return f"{type(node).__name__}({fields})"
+    if isinstance(node, list):
+        return "[" + ",".join(_shape(item) for item in node) + "]"
+    return repr(node)
 
 
 def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
@@ -174,7 +166,6 @@ def plan_swap(module: types.ModuleType, old_source: str, new_source: str, filena
     try:
         old_tree = ast.parse(old_source)
         new_tree = ast.parse(new_source, filename)
-        old_code = compile(old_tree, "<old>", "exec", dont_inherit=True)
         new_code = compile(new_tree, filename, "exec", dont_inherit=True)
     except SyntaxError as exc:
         raise CodeSwapError(f"patched source does not compile: {exc}") from exc
@@ -204,53 +195,46 @@ def plan_swap(module: types.ModuleType, old_source: str, new_source: str, filena
             code = compile(ast.Module(body=[stmt], type_ignores=[]), filename, "exec", dont_inherit=True)
             plan.new_statements.append((code, _bound_names(stmt), stmt.lineno))
 
-    # Changed code objects, paired by qualname and order of appearance.
-    old_codes = _codes_by_qualname(old_code)
-    new_codes = _codes_by_qualname(new_code)
-    changed: dict[str, list[tuple[types.CodeType, types.CodeType]]] = {}
-    for qualname, olds in old_codes.items():
-        news = new_codes.get(qualname, [])
-        if len(news) != len(olds):
-            # A nested function appeared or vanished: its parent differs and is swapped instead.
-            continue
-        for old, new in zip(olds, news):
-            # Class bodies run once at import; their statements are checked by shape above.
-            if not old.co_flags & inspect.CO_OPTIMIZED:
-                continue
-            if not _same_code(old, new):
-                changed.setdefault(qualname, []).append((old, new))
-    if not changed and not plan.new_statements:
-        return plan
-
-    # Live functions of this module whose code is one of the changed originals.
+    # Live functions of this module (each refers to the module namespace as its globals),
+    # closures created at run time included, grouped by qualname.
     namespace = module.__dict__
     live: dict[str, list[types.FunctionType]] = {}
-    lru_wrapper = type(functools.lru_cache(maxsize=None)(lambda: None))
-    wrappers = []
-    for obj in gc.get_objects():
-        if type(obj) is types.FunctionType:
-            if obj.__globals__ is namespace and obj.__code__.co_qualname in changed:
-                live.setdefault(obj.__code__.co_qualname, []).append(obj)
-        elif type(obj) is lru_wrapper:
-            wrappers.append(obj)
+    for obj in gc.get_referrers(namespace):
+        if type(obj) is types.FunctionType and obj.__globals__ is namespace:
+            live.setdefault(obj.__code__.co_qualname, []).append(obj)
 
-    swapped: set[int] = set()
-    for qualname, pairs in changed.items():
+    # Pair each live function with the patched code of the same qualname. Several code objects
+    # may share a qualname (overloads, conditional defs): one equal to the live code means that
+    # function is unchanged; otherwise the single code that matches no live function replaces it.
+    new_codes = _codes_by_qualname(new_code)
+    swapped: list[types.FunctionType] = []
+    for qualname, fns in live.items():
+        candidates = [c for c in new_codes.get(qualname, []) if c.co_flags & inspect.CO_OPTIMIZED]
+        if not candidates:
+            if "<locals>" in qualname:
+                continue  # a closure whose parent no longer creates it; the parent is swapped
+            raise CodeSwapError(f"{module.__name__}.{qualname} is not defined by the patched source")
+        distinct = {id(fn.__code__): fn.__code__ for fn in fns}.values()
+        unmatched_live = [c for c in distinct if not any(_same_code(c, n) for n in candidates)]
+        if not unmatched_live:
+            continue
+        unmatched_new = [n for n in candidates if not any(_same_code(c, n) for c in distinct)]
+        if len(unmatched_new) != 1 or len(unmatched_live) != 1:
+            raise CodeSwapError(f"{module.__name__}.{qualname}: cannot tell which definition the patch changes")
+        old, new = unmatched_live[0], unmatched_new[0]
+        if old.co_freevars != new.co_freevars:
+            raise CodeSwapError(
+                f"{module.__name__}.{qualname}: the patch changes the variables the function "
+                "closes over; it cannot be swapped at run time"
+            )
         plan.changed.append(qualname)
-        for fn in live.get(qualname, []):
-            for old, new in pairs:
-                if _same_code(fn.__code__, old):
-                    if fn.__code__.co_freevars != new.co_freevars:
-                        raise CodeSwapError(
-                            f"{module.__name__}.{qualname}: the patch changes the variables the "
-                            "function closes over; it cannot be swapped at run time"
-                        )
-                    plan.swaps.append((fn, fn.__code__, new))
-                    swapped.add(id(fn))
-                    break
-    # A changed function defined at module or class level must be live somewhere.
-    for qualname in changed:
-        if "<locals>" not in qualname and not any(f.__code__.co_qualname == qualname for f, _, _ in plan.swaps):
-            raise CodeSwapError(f"{module.__name__}.{qualname} changed but no live function runs its code")
-    plan.caches = [w for w in wrappers if id(getattr(w, "__wrapped__", None)) in swapped]
+        for fn in fns:
+            if fn.__code__ is old:
+                plan.swaps.append((fn, old, new))
+                swapped.append(fn)
+
+    # Memoized results of a swapped function were computed by the old code.
+    lru_wrapper = type(functools.lru_cache(maxsize=None)(lambda: None))
+    if swapped:
+        plan.caches = [w for w in gc.get_referrers(*swapped) if type(w) is lru_wrapper]
     return plan

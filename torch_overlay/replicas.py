@@ -308,10 +308,10 @@ def _compare(
         rank_groups, gap = _split_ranks(rows[:, index], ranks, atol)
         detail = ""
         if not same_status[index]:
-            missing = [
-                r for r, s in zip(ranks, status[:, index].tolist(), strict=True) if s == _ABSENT
-            ]
-            detail = f"grad is None on ranks {missing}"
+            statuses = zip(ranks, status[:, index].tolist(), strict=True)
+            missing = [r for r, s in statuses if s == _ABSENT]
+            # Only a grad can be absent or not Replicate on some ranks.
+            detail = f"grad is None on ranks {missing}" if missing else "grad placements differ"
             gap = math.inf
         mismatches.append(
             ReplicaMismatch(
