@@ -82,12 +82,11 @@ cmd_test() {
   py="$(python_for_version)"
   echo "== torch_overlay test suite on torch $TORCH_VERSION ($py)"
   cd "$ROOT"
-  local cache
+  local cache rc=0
   cache="$(mktemp -d)"
   # A private inductor cache: a graph cached by another run must not hide a bug or a fix.
   TORCHINDUCTOR_CACHE_DIR="$cache" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
-    "$py" -m pytest -q -p no:cacheprovider tests "$@"
-  local rc=$?
+    "$py" -m pytest -q -p no:cacheprovider -o addopts="" tests "$@" || rc=$?
   rm -rf "$cache"
   return $rc
 }
