@@ -14,6 +14,10 @@ from ._engine import Overlay, OverlayError, PatchStatus
 __all__ = [
     "OverlayError",
     "PatchStatus",
+    "ReplicaDivergenceError",
+    "ReplicaDivergenceWarning",
+    "ReplicaMismatch",
+    "ReplicaReport",
     "check_replicas",
     "guard_replicas",
     "revert",
@@ -39,6 +43,8 @@ _LAZY = {
     "guard_replicas": "torch_overlay.replicas",
     "ReplicaReport": "torch_overlay.replicas",
     "ReplicaDivergenceError": "torch_overlay.replicas",
+    "ReplicaDivergenceWarning": "torch_overlay.replicas",
+    "ReplicaMismatch": "torch_overlay.replicas",
 }
 
 

@@ -15,6 +15,15 @@ from ._verify import verify_patch
 from ._versions import torch_version
 
 
+# Import these before a target inside them: some internals can't be imported first on their own.
+_ENTRY_POINTS = {
+    "torch._functorch._aot_autograd.": "torch._functorch.aot_autograd",
+    "torch._functorch.": "torch._functorch.aot_autograd",
+    "torch._inductor.": "torch._inductor.compile_fx",
+    "torch.distributed.tensor.": "torch.distributed.tensor",
+}
+
+
 def _import_targets() -> None:
     """Import every target module so that each patch reaches its final state."""
     for row in torch_overlay.status():
@@ -22,9 +31,12 @@ def _import_targets() -> None:
             continue
         for path in row.targets:
             name = path[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+            entry = next((e for prefix, e in _ENTRY_POINTS.items() if name.startswith(prefix)), None)
             try:
+                if entry:
+                    importlib.import_module(entry)
                 importlib.import_module(name)
-            except ImportError as exc:  # reported as pending with the reason
+            except ImportError as exc:  # the patch stays pending; say why
                 print(f"note: cannot import {name}: {exc}", file=sys.stderr)
 
 

@@ -34,16 +34,22 @@ def clear_dtensor_caches() -> None:
         clear_fast_path()
 
 
-def set_compile_cache_salt(salt: str) -> None:
-    """Fold ``salt`` into ``torch.compiler.config.cache_key_tag``.
+COMPILER_CONFIG = "torch.compiler.config"
+
+
+def set_compile_cache_salt(salt: str) -> bool:
+    """Fold ``salt`` into ``torch.compiler.config.cache_key_tag``; False if not loaded yet.
 
     The tag is part of the FX graph cache and AOTAutogradCache keys, so a graph compiled before a
     patch was applied (or by a process without it) is never reused by a process that has it.
+    The config module is not imported here: a patch may be applied while torch itself is still
+    initializing, and nothing can be compiled before the config is loaded anyway.
     """
     global _user_tag
-    import torch.compiler.config as cconfig
-
+    cconfig = sys.modules.get(COMPILER_CONFIG)
+    if cconfig is None or getattr(getattr(cconfig, "__spec__", None), "_initializing", False):
+        return False
     if _user_tag is None:
         _user_tag = cconfig.cache_key_tag
-    parts = [p for p in (_user_tag, salt) if p]
-    cconfig.cache_key_tag = "|".join(parts)
+    cconfig.cache_key_tag = "|".join(p for p in (_user_tag, salt) if p)
+    return True

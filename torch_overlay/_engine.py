@@ -73,6 +73,7 @@ class Overlay:
         self._finder = PostImportFinder(self._on_imported)
         self._activated = False
         self._summary_logged = False
+        self._salt = ""
 
     # ----------------------------------------------------------------- setup
     def activate(self) -> None:
@@ -117,6 +118,8 @@ class Overlay:
 
     def _on_imported(self, name: str) -> None:
         with self._lock:
+            if name == _caches.COMPILER_CONFIG and self._salt:
+                _caches.set_compile_cache_salt(self._salt)
             for entry in self._pending():
                 if name in entry.patch.targets:
                     if self._ready(entry, name):
@@ -196,8 +199,11 @@ class Overlay:
         if _caches.touches_dtensor(modules):
             _caches.clear_dtensor_caches()
         applied = [e for e in self._entries if e.plans]
-        salt = ",".join(f"torch_overlay:{e.patch.id}@{_short_hash(e.variant.text)}" for e in applied if e.variant)
-        _caches.set_compile_cache_salt(salt)
+        self._salt = ",".join(f"torch_overlay:{e.patch.id}@{_short_hash(e.variant.text)}" for e in applied if e.variant)
+        if not _caches.set_compile_cache_salt(self._salt):
+            # Salt the config as soon as it is loaded (nothing compiles before that).
+            self._finder.watch({*self._finder.watched, _caches.COMPILER_CONFIG})
+            self._finder.install()
 
     # ---------------------------------------------------------------- revert
     def revert(self) -> None:

@@ -21,6 +21,10 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
         self._watched: frozenset[str] = frozenset()
         self._busy = threading.local()
 
+    @property
+    def watched(self) -> frozenset[str]:
+        return self._watched
+
     def watch(self, names: set[str] | frozenset[str]) -> None:
         self._watched = frozenset(names)
 

@@ -91,9 +91,17 @@ def make_standin(torch: InstalledTorch, dest: Path) -> Path:
     return dest
 
 
-def clone(template: Path, dest: Path) -> Path:
-    subprocess.run(["git", "clone", "-q", "--local", str(template), str(dest)], check=True)
-    return dest
+def reset(src: Path) -> Path:
+    """Put a stand-in made by :func:`make_standin` back as it was made: one commit on ``main``."""
+    base = git(src, "rev-list", "--max-parents=0", "main").split()[0]
+    git(src, "checkout", "-q", "-f", "main")
+    git(src, "reset", "-q", "--hard", base)
+    git(src, "clean", "-q", "-f", "-d", "-x")
+    for branch in git(src, "branch", "--format=%(refname:short)").split():
+        if branch != "main":
+            git(src, "branch", "-q", "-D", branch)
+    shutil.rmtree(src / ".git" / "torch-overlay", ignore_errors=True)
+    return src
 
 
 def copy_series(dest: Path, ids: list[str] | None = None) -> Path:

@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import (
     distribute_module,
     distribute_tensor,
@@ -262,6 +263,17 @@ class CheckReplicasWorld4Test(CheckReplicasTestMixin, DTensorTestBase):
         self.assertEqual(
             [(m.name, m.mesh_dim_name) for m in report.mismatches], [("gate.weight", "tp")]
         )
+
+        # FSDP2 over dp: the guard sees the sharded grads after the reduce-scatter.
+        model = fully_shard(ToyTPMoE(mesh["tp"], WRONG), mesh=mesh["dp"])
+        self.assertEqual(model.gate.weight.placements, (Shard(0), Replicate()))
+        with guard_replicas(model, action="raise"):
+            with self.assertRaisesRegex(ReplicaDivergenceError, r"mesh dim 1 \('tp'\)"):
+                self._backward(model)
+        model = fully_shard(ToyTPMoE(mesh["tp"], RIGHT), mesh=mesh["dp"])
+        with guard_replicas(model, action="raise") as guard:
+            self._step(model)
+        self.assertEqual(guard.last_report.num_checked, 2)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,216 @@
+"""``build.sh wheel``: a torch wheel rebuilt with the series, its metadata, and a real install.
+
+The real-wheel test rebuilds the machine's torch 2.13.0 CPU wheel, installs it in a fresh venv and
+runs the reproducers there without the overlay (a couple of minutes; once per session).
+``TORCH_OVERLAY_SKIP_WHEEL_TEST=1`` skips it.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.build._standin import installed_torches, PATCHES, REPO, versions_under_test
+from torch_overlay._series import read_series
+from torch_overlay._versions import parse_version
+from torch_overlay.build import BuildError
+from torch_overlay.build._plan import load_series, plan_series
+from torch_overlay.build._testfile import strip_plumbing
+from torch_overlay.build.wheel import find_torch_wheels, overlay_version, record_line
+
+VERSIONS = versions_under_test()
+
+
+def _run_build(*args: str | Path, pythonpath: list[Path], isolate_pip: bool = False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, pythonpath))}
+    if isolate_pip:
+        # No find-links and no config: the wheel must come from the installed files.
+        env.update(PIP_CONFIG_FILE=os.devnull, PIP_FIND_LINKS="", PIP_NO_CACHE_DIR="1")
+    return subprocess.run(
+        [sys.executable, "-m", "torch_overlay.build", *map(str, args)], capture_output=True, text=True, env=env
+    )
+
+
+def _read_checked(wheel: Path) -> tuple[str, dict[str, bytes]]:
+    """The wheel's .dist-info name and members, after checking RECORD against every member."""
+    with zipfile.ZipFile(wheel) as archive:
+        members = {i.filename: archive.read(i) for i in archive.infolist() if not i.is_dir()}
+    dist_infos = {n.split("/")[0] for n in members if n.split("/")[0].endswith(".dist-info")}
+    assert len(dist_infos) == 1, dist_infos
+    dist_info = dist_infos.pop()
+    rows = list(csv.reader(io.StringIO(members[f"{dist_info}/RECORD"].decode())))
+    assert sorted(r[0] for r in rows) == sorted(members), "RECORD must list every file exactly once"
+    for name, digest, size in rows:
+        if name == f"{dist_info}/RECORD":
+            assert (digest, size) == ("", "")
+        else:
+            assert [name, digest, size] == record_line(name, members[name]), name
+    return dist_info, members
+
+
+def test_overlay_version_is_a_pep440_local_label():
+    from pip._vendor.packaging.version import Version
+
+    assert overlay_version("2.13.0+cpu", 1) == "2.13.0+cpu.overlay.1"
+    assert overlay_version("2.11.0", 2) == "2.11.0+overlay.2"
+    for version in ("2.13.0+cpu.overlay.1", "2.11.0+overlay.2"):
+        assert str(Version(version)) == version and Version(version).local
+    with pytest.raises(BuildError, match="already an overlay rebuild"):
+        overlay_version("2.13.0+cpu.overlay.1", 1)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(b"x").digest()).rstrip(b"=").decode()
+    assert record_line("a/b.py", b"x") == ["a/b.py", f"sha256={digest}", "1"]
+
+
+def _fake_installed_torch(torch, site: Path) -> str:
+    """A site-packages holding the series' targets of ``torch`` as an installed distribution."""
+    metadata = next(torch.site.glob("torch-*.dist-info")) / "METADATA"
+    dist_version = re.search(r"^Version: *(\S+)", metadata.read_text(), re.M).group(1)
+    files = {"torch/__init__.py": b"", "torch/version.py": (torch.site / "torch/version.py").read_bytes()}
+    for patch in read_series(PATCHES):
+        for path in patch.target_paths:
+            if (torch.site / path).is_file():
+                files[path] = (torch.site / path).read_bytes()
+    files["torch/__pycache__/version.cpython-311.pyc"] = b"bytecode"
+    info = f"torch-{dist_version}.dist-info"
+    files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: torch\nVersion: {dist_version}\n".encode()
+    files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: cp311-cp311-linux_x86_64\n"
+    files[f"{info}/INSTALLER"] = b"pip\n"
+    for name, data in files.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_bytes(data)
+    rows = [record_line(n, d) for n, d in files.items()] + [["../../../bin/torchrun", "", ""], [f"{info}/RECORD", "", ""]]
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    (site / info / "RECORD").write_text(out.getvalue())
+    return dist_version
+
+
+@pytest.mark.parametrize("release", VERSIONS)
+def test_rebuild_from_installed_files_matches_apply(release, checkout, build_cli, tmp_path):
+    """With no wheel to start from, the installed files are rebuilt; the patched source is apply's."""
+    torch = installed_torches().get(release)
+    if torch is None:
+        pytest.skip(f"torch {release} is not installed here")
+    site = tmp_path / "site"
+    dist_version = _fake_installed_torch(torch, site)
+    proc = _run_build("wheel", "--out", tmp_path / "dist", "--patches", PATCHES, pythonpath=[site, REPO], isolate_pip=True)
+    src = checkout(release)
+    apply_rc, _, _ = build_cli("apply", src, "--patches", PATCHES)
+    plan = plan_series(load_series(PATCHES), dist_version, lambda p: (site / p).read_text() if (site / p).is_file() else None)
+    if plan.drifted:
+        assert proc.returncode == 1 and "drift" in proc.stderr and not (tmp_path / "dist").exists()
+        return
+    assert proc.returncode == 0, proc.stderr
+    assert "using the installed torch" in proc.stdout
+    new_version = overlay_version(dist_version, len(plan.applying))
+    (wheel,) = (tmp_path / "dist").iterdir()
+    assert wheel.name == f"torch-{new_version}-cp311-cp311-linux_x86_64.whl"
+    dist_info, members = _read_checked(wheel)
+    assert dist_info == f"torch-{new_version}.dist-info"
+    assert sorted(n.split("/")[-1] for n in members if n.startswith(dist_info)) == ["METADATA", "RECORD", "WHEEL"]
+    assert not any(n.endswith(".pyc") or n.startswith("..") for n in members)
+    assert f"\nVersion: {new_version}\n" in members[f"{dist_info}/METADATA"].decode()
+    assert members[f"{dist_info}/WHEEL"].decode().startswith("Generator: torch_overlay")
+    assert "Tag: cp311-cp311-linux_x86_64" in members[f"{dist_info}/WHEEL"].decode()
+    assert f"__version__ = '{overlay_version(torch.version, len(plan.applying))}'" in members["torch/version.py"].decode()
+    assert apply_rc == 0
+    for path in {p for patch in read_series(PATCHES) for p in patch.target_paths}:
+        if path in members:
+            assert members[path].decode() == (src / path).read_text(), path
+
+
+# ---------------------------------------------------------------- the real 2.13.0 CPU wheel
+
+
+@pytest.fixture(scope="module")
+def wheel_213(tmp_path_factory):
+    if os.environ.get("TORCH_OVERLAY_SKIP_WHEEL_TEST") == "1":
+        pytest.skip("TORCH_OVERLAY_SKIP_WHEEL_TEST=1")
+    source = next(find_torch_wheels(lambda v: parse_version(v) == (2, 13, 0) and v.endswith("+cpu")), None)
+    if source is None:
+        pytest.skip("no torch 2.13.0 CPU wheel in pip's find-links or cache")
+    source = source[0]
+    tmp = tmp_path_factory.mktemp("wheel-2.13.0")
+    proc = _run_build("wheel", "--out", tmp / "dist", "--patches", PATCHES, source, pythonpath=[REPO])
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = (tmp / "dist").iterdir()
+    venv = tmp / "venv"
+    # System site-packages give torch's dependencies and pytest; the venv's own torch comes first.
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", wheel],
+        check=True,
+        capture_output=True,
+    )
+    yield SimpleNamespace(source=source, wheel=wheel, python=python, log=proc.stdout, tmp=tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _venv_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TORCH_OVERLAY"))}
+    return {**env, **extra}
+
+
+def test_wheel_213_version_and_record(wheel_213):
+    applied = len(re.findall(r"^\s+applied\s", wheel_213.log, re.M))
+    version = overlay_version("2.13.0+cpu", applied)
+    assert wheel_213.wheel.name == wheel_213.source.name.replace("2.13.0+cpu", version)
+    dist_info, members = _read_checked(wheel_213.wheel)
+    assert dist_info == f"torch-{version}.dist-info"
+    with zipfile.ZipFile(wheel_213.source) as original:
+        assert len(original.namelist()) == len(members)
+    proc = subprocess.run(
+        [wheel_213.python, "-c", "import importlib.metadata as m, torch; print(m.version('torch'), torch.__version__, torch.__file__)"],
+        capture_output=True,
+        text=True,
+        env=_venv_env(),
+    )
+    dist, runtime, where = proc.stdout.split()
+    assert dist == runtime == version, proc.stderr
+    assert where.startswith(str(wheel_213.tmp / "venv"))
+
+
+def test_wheel_213_status_is_upstream_for_every_patch(wheel_213):
+    proc = subprocess.run(
+        [wheel_213.python, "-m", "torch_overlay", "status", "--json"],
+        capture_output=True,
+        text=True,
+        env=_venv_env(PYTHONPATH=str(REPO), TORCH_OVERLAY_PATCHES=str(PATCHES)),
+    )
+    rows = json.loads(proc.stdout)["patches"]
+    assert {r["id"] for r in rows} == {p.id for p in read_series(PATCHES)}
+    assert {r["id"]: r["state"] for r in rows} == {r["id"]: "upstream" for r in rows}
+
+
+def test_wheel_213_reproducers_pass_without_the_overlay(wheel_213, tmp_path):
+    env = _venv_env(TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
+    probe = subprocess.run([wheel_213.python, "-c", "import torch_overlay"], capture_output=True, env=env, cwd=tmp_path)
+    assert probe.returncode != 0, "torch_overlay must not be importable in the rebuilt wheel's venv"
+    failures = []
+    for patch in read_series(PATCHES):
+        test = patch.main.fields.get("Test", "")
+        assert test and (REPO / test).is_file(), f"{patch.id}: reproducer {test!r} missing"
+        copy = tmp_path / Path(test).name
+        copy.write_text(strip_plumbing((REPO / test).read_text()))
+        cmd = [wheel_213.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", copy.name]
+        if patch.main.fields.get("Test-Select"):
+            cmd += ["-k", patch.main.fields["Test-Select"]]
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / f"inductor-{patch.id}")
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+        if proc.returncode != 0:
+            failures.append(f"{patch.id}: {(proc.stdout + proc.stderr)[-2000:]}")
+    assert not failures, "\n".join(failures)
