@@ -11,10 +11,15 @@ import ast
 import difflib
 import functools
 import gc
+import hashlib
 import inspect
+import marshal
+import os
+import sys
 import linecache
 import types
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = ["CodeSwapError", "SwapPlan", "plan_swap"]
@@ -158,11 +163,10 @@ class SwapPlan:
         self._saved_names.clear()
 
 
-def plan_swap(module: types.ModuleType, old_source: str, new_source: str, filename: str) -> SwapPlan:
-    """Work out, without changing anything, how to make ``module`` run ``new_source``.
-
-    ``old_source`` must be the source the module's live code was compiled from (or was swapped to).
-    """
+def _compile_patched(
+    module_name: str, old_source: str, new_source: str, filename: str
+) -> tuple[types.CodeType, list[tuple[types.CodeType, list[str], int]]]:
+    """Compile ``new_source`` and the module-level statements it adds; refuse other changes."""
     try:
         old_tree = ast.parse(old_source)
         new_tree = ast.parse(new_source, filename)
@@ -170,9 +174,8 @@ def plan_swap(module: types.ModuleType, old_source: str, new_source: str, filena
     except SyntaxError as exc:
         raise CodeSwapError(f"patched source does not compile: {exc}") from exc
 
-    plan = SwapPlan(module, filename, new_source)
-
     # Module-level statements: only insertions of defs, classes, imports and assignments.
+    added: list[tuple[types.CodeType, list[str], int]] = []
     old_shapes = [_shape(s) for s in old_tree.body]
     new_shapes = [_shape(s) for s in new_tree.body]
     matcher = difflib.SequenceMatcher(a=old_shapes, b=new_shapes, autojunk=False)
@@ -182,7 +185,7 @@ def plan_swap(module: types.ModuleType, old_source: str, new_source: str, filena
         if tag != "insert":
             line = old_tree.body[i1].lineno if i1 < len(old_tree.body) else len(old_source.splitlines())
             raise CodeSwapError(
-                f"the patch changes module-level code of {module.__name__} near line {line} "
+                f"the patch changes module-level code of {module_name} near line {line} "
                 "(decorators, default values, class bodies or other statements); the runtime "
                 "overlay can only change function bodies and add new top-level definitions"
             )
@@ -190,10 +193,56 @@ def plan_swap(module: types.ModuleType, old_source: str, new_source: str, filena
             if not isinstance(stmt, _NEW_STATEMENTS):
                 raise CodeSwapError(
                     f"the patch adds a {type(stmt).__name__} statement at line {stmt.lineno} of "
-                    f"{module.__name__}; only defs, classes, imports and assignments can be added"
+                    f"{module_name}; only defs, classes, imports and assignments can be added"
                 )
             code = compile(ast.Module(body=[stmt], type_ignores=[]), filename, "exec", dont_inherit=True)
-            plan.new_statements.append((code, _bound_names(stmt), stmt.lineno))
+            added.append((code, _bound_names(stmt), stmt.lineno))
+    return new_code, added
+
+
+def _cache_dir() -> Path | None:
+    if os.environ.get("TORCH_OVERLAY_CODE_CACHE", "1") == "0":
+        return None
+    root = os.environ.get("TORCH_OVERLAY_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch_overlay"
+    )
+    return Path(root) / "code"
+
+
+def _compile_patched_cached(
+    module_name: str, old_source: str, new_source: str, filename: str
+) -> tuple[types.CodeType, list[tuple[types.CodeType, list[str], int]]]:
+    """:func:`_compile_patched`, memoized on disk like ``__pycache__`` (parsing is the slow part)."""
+    folder = _cache_dir()
+    key = hashlib.sha256(
+        "\0".join((sys.version, module_name, filename, old_source, new_source)).encode()
+    ).hexdigest()
+    path = folder / f"{key}.marshal" if folder else None
+    if path is not None:
+        try:
+            return marshal.loads(path.read_bytes())
+        except (OSError, ValueError, EOFError, TypeError):
+            pass
+    result = _compile_patched(module_name, old_source, new_source, filename)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(marshal.dumps(result))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only cache only costs time
+    return result
+
+
+def plan_swap(module: types.ModuleType, old_source: str, new_source: str, filename: str) -> SwapPlan:
+    """Work out, without changing anything, how to make ``module`` run ``new_source``.
+
+    ``old_source`` must be the source the module's live code was compiled from (or was swapped to).
+    """
+    new_code, added = _compile_patched_cached(module.__name__, old_source, new_source, filename)
+    plan = SwapPlan(module, filename, new_source)
+    plan.new_statements = list(added)
 
     # Live functions of this module (each refers to the module namespace as its globals),
     # closures created at run time included, grouped by qualname.
@@ -234,7 +283,16 @@ def plan_swap(module: types.ModuleType, old_source: str, new_source: str, filena
                 swapped.append(fn)
 
     # Memoized results of a swapped function were computed by the old code.
-    lru_wrapper = type(functools.lru_cache(maxsize=None)(lambda: None))
     if swapped:
-        plan.caches = [w for w in gc.get_referrers(*swapped) if type(w) is lru_wrapper]
+        lru_wrapper = type(functools.lru_cache(maxsize=None)(lambda: None))
+        ids = {id(fn) for fn in swapped}
+        scopes = [namespace] + [
+            vars(v) for v in namespace.values() if isinstance(v, type) and v.__module__ == module.__name__
+        ]
+        plan.caches = [
+            w
+            for scope in scopes
+            for w in list(scope.values())
+            if type(w) is lru_wrapper and id(getattr(w, "__wrapped__", None)) in ids
+        ]
     return plan

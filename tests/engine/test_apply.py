@@ -261,3 +261,15 @@ def test_compile_cache_key_is_salted_and_restored(sandbox, config, overlays):
     assert "torch_overlay:fix@" in compiler_config.cache_key_tag
     overlay.revert()
     assert compiler_config.cache_key_tag == before
+
+
+def test_patched_code_is_cached_on_disk(tmp_path, monkeypatch):
+    from torch_overlay import _codeswap
+
+    monkeypatch.setenv("TORCH_OVERLAY_CACHE_DIR", str(tmp_path))
+    first = _codeswap._compile_patched_cached("m", MODULE, PATCHED, "m.py[torch_overlay:fix]")
+    (entry,) = (tmp_path / "code").iterdir()
+    monkeypatch.setattr(_codeswap, "_compile_patched", None)  # a second call must not compile
+    second = _codeswap._compile_patched_cached("m", MODULE, PATCHED, "m.py[torch_overlay:fix]")
+    assert entry.suffix == ".marshal"
+    assert second[0] == first[0] and [n for _, n, _ in second[1]] == [["helper"]]
