@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sys
@@ -10,15 +9,18 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import _caches
-from ._codeswap import CodeSwapError, SwapPlan, plan_swap
 from ._config import Config, load_config
 from ._hunks import HunkMismatch, apply_file_diff
 from ._importhook import PostImportFinder
 from ._patchfile import PatchFile
 from ._series import Patch, read_series
-from ._versions import parse_version, torch_root, torch_version
+from ._versions import parse_version, torch_version
+
+if TYPE_CHECKING:
+    from ._codeswap import SwapPlan
 
 __all__ = ["Overlay", "OverlayError", "PatchStatus", "STATES"]
 
@@ -55,12 +57,14 @@ class _Entry:
     state: str = "pending"
     reason: str = ""
     variant: PatchFile | None = None
-    plans: list[SwapPlan] = field(default_factory=list)
-    # source text per module after this patch (to restore on revert)
+    plans: list["SwapPlan"] = field(default_factory=list)
+    # source text of each module before this patch (restored on revert)
     texts_before: dict[str, str] = field(default_factory=dict)
 
 
 def _short_hash(text: str) -> str:
+    import hashlib
+
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -169,6 +173,8 @@ class Overlay:
                 names = ", ".join(v.path.name for v in patch.variants)
                 self._set(entry, "drift", f"no variant fits torch {version} ({names}): torch changed around the fix")
             return
+
+        from ._codeswap import plan_swap  # compiling machinery: only once a patch applies
 
         variant, new_texts = forward
         tag = f"[torch_overlay:{patch.id}]"
@@ -282,11 +288,3 @@ def _apply_all(variant: PatchFile, texts: dict[str, str], reverse: bool = False)
     for diff in variant.files:
         out[diff.module] = apply_file_diff(out[diff.module], diff, reverse)
     return out
-
-
-def installed_source(path: str) -> str:
-    """Source text of ``torch/...`` in the installed torch (for dry runs without importing)."""
-    return (torch_root() / path).read_text(encoding="utf-8")
-
-
-__all__ += ["CodeSwapError", "installed_source"]

@@ -6,7 +6,6 @@ The finder sits first on ``sys.meta_path``, answers only for watched names, and 
 
 from __future__ import annotations
 
-import importlib.abc
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -15,7 +14,8 @@ from types import ModuleType
 __all__ = ["PostImportFinder"]
 
 
-class PostImportFinder(importlib.abc.MetaPathFinder):
+class PostImportFinder:
+    # A duck-typed meta path finder: importlib.abc would pull zipfile & co into `import torch_overlay`.
     def __init__(self, callback: Callable[[str], None]) -> None:
         self._callback = callback
         self._watched: frozenset[str] = frozenset()
