@@ -254,7 +254,7 @@ class TestCompiledGateUnderTP(DTensorTestBase):
             plan[f"experts.{i}.w1"] = ColwiseParallel()
             plan[f"experts.{i}.w2"] = RowwiseParallel()
         parallelize_module(model, mesh, plan)
-        # The gate is replicated on the TP mesh; its custom autograd code sees local views.
+        # The gate is replicated on the TP mesh; its autograd code sees local views.
         distribute_module(model.gate, mesh)
         model.gate.register_forward_pre_hook(_shadow_weight_with_local_view)
         model.gate.compile(backend="inductor")
