@@ -8,6 +8,7 @@ installed torch: the running one and each venv under ``~/.cache/torch_overlay/ve
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import shutil
@@ -47,18 +48,29 @@ def _version_of(site: Path) -> str | None:
     return m.group(1) if m else None
 
 
+@functools.cache
 def installed_torches() -> dict[str, InstalledTorch]:
-    """Release -> installed torch, for the running interpreter and every ready venv."""
+    """Release -> installed torch: the running interpreter's, every ready venv's, ``python3``'s."""
     found: dict[str, InstalledTorch] = {}
     running = torch_version()
     found[_release(running)] = InstalledTorch(_release(running), running, Path(sys.executable), torch_root())
-    if VENVS.is_dir():
-        for venv in sorted(VENVS.iterdir()):
-            python = venv / "bin" / "python"
-            for site in venv.glob("lib/python*/site-packages"):
-                version = _version_of(site)
-                if version and python.exists() and _release(version) not in found:
-                    found[_release(version)] = InstalledTorch(_release(version), version, python, site)
+    candidates = [
+        (v / "bin" / "python", s) for v in sorted(VENVS.glob("*")) for s in v.glob("lib/python*/site-packages")
+    ]
+    default = shutil.which("python3")
+    if default:
+        # The machine's default interpreter (2.13.0 here) when the tests run under a venv's.
+        proc = subprocess.run(
+            [default, "-c", "import importlib.util as u; print(u.find_spec('torch').submodule_search_locations[0])"],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode == 0:
+            candidates.append((Path(default), Path(proc.stdout.strip()).parent))
+    for python, site in candidates:
+        version = _version_of(site)
+        if version and python.exists() and _release(version) not in found:
+            found[_release(version)] = InstalledTorch(_release(version), version, python, site)
     return found
 
 
@@ -149,9 +161,11 @@ def add_synthetic_patch(
     stem = pid.replace("-", "_")
     number = len((patches / "series").read_text().splitlines()) + 1
     name = f"{9000 + number:04d}-{pid}.patch"
-    text = _HEADER.format(
-        title=pid, id=pid, bug=bug, stem=stem, upstream=upstream_test or f"test/test_{stem}.py"
-    ) + "".join(diff) + "-- \n2.39.5\n"
+    text = (
+        _HEADER.format(title=pid, id=pid, bug=bug, stem=stem, upstream=upstream_test or f"test/test_{stem}.py")
+        + "".join(diff)
+        + "-- \n2.39.5\n"
+    )
     (patches / name).write_text(text)
     with (patches / "series").open("a") as f:
         f.write(name + "\n")

@@ -18,17 +18,15 @@ from torch_overlay.build._checkout import open_checkout
 from torch_overlay.build._plan import load_series, plan_series
 
 RUNTIME = r"""
-import importlib, json
+import contextlib, io, json
 import torch_overlay
 from torch_overlay import _overlay
+from torch_overlay.__main__ import _import_targets
 
-errors = {}
-for patch in _overlay.patches():
-    for name in patch.targets:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            errors[name] = str(exc)
+# The status CLI's way of importing every target (entry points first); it notes failures on stderr.
+errors = io.StringIO()
+with contextlib.redirect_stderr(errors):
+    _import_targets()
 texts = {}
 for patch in _overlay.patches():
     for variant in patch.variants:
@@ -36,7 +34,8 @@ for patch in _overlay.patches():
             if diff.module in _overlay._texts:
                 texts[diff.path] = _overlay._texts[diff.module]
 states = {row.id: [row.state, row.reason] for row in torch_overlay.status()}
-print(json.dumps({"states": states, "texts": texts, "errors": errors}))
+notes = [line for line in errors.getvalue().splitlines() if line.startswith("note: cannot import")]
+print(json.dumps({"states": states, "texts": texts, "errors": notes}))
 """
 STATE_OF_STEP = {"apply": "applied", "upstream": "upstream", "drift": "drift"}
 

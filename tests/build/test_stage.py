@@ -67,7 +67,7 @@ def test_stage_one_commit_per_patch(release, checkout, build_cli, no_git_identit
     commits = git(src, "rev-list", "--reverse", f"{start}..HEAD").split()
     assert len(commits) == len(plan.applying)
     assert git(src, "status", "--porcelain", "--untracked-files=all") == ""
-    for commit, step in zip(commits, plan.applying):
+    for commit, step in zip(commits, plan.applying, strict=True):
         upstream_test = _field(step, "Upstream-Test")
         files = git(src, "diff-tree", "--no-commit-id", "--name-only", "-r", commit).split()
         assert sorted(files) == sorted(set(step.paths) | {upstream_test})
@@ -131,7 +131,9 @@ def test_stage_merges_into_existing_upstream_test(release, checkout, build_cli, 
     tree = ast.parse(merged)
     names = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
     assert names == ["ExistingTest", "SyntheticOneTest", "SyntheticTwoTest"]
-    assert merged.startswith(existing.split("\n\n\nclass")[0] + "\nfrom torch.testing._internal.common_utils import TestCase\n")
+    assert merged.startswith(
+        existing.split("\n\n\nclass")[0] + "\nfrom torch.testing._internal.common_utils import TestCase\n"
+    )
     assert "\n\n\nclass ExistingTest:\n    def test_existing(self):\n        pass\n\n\n" in merged
     assert isinstance(tree.body[-1], ast.If) and "__main__" in ast.unparse(tree.body[-1].test)
     assert "torch_overlay" not in merged
@@ -152,10 +154,9 @@ def test_stage_refusals_change_nothing(release, checkout, build_cli, no_git_iden
     head = git(src, "rev-parse", "HEAD").strip()
 
     def unchanged() -> bool:
-        return (
-            git(src, "rev-parse", "HEAD").strip() == head
-            and git(src, "branch", "--format=%(refname:short)").split() == ["main"]
-        )
+        return git(src, "rev-parse", "HEAD").strip() == head and git(
+            src, "branch", "--format=%(refname:short)"
+        ).split() == ["main"]
 
     (src / "torch" / "_VF.py").write_text("# dirty\n")
     rc, _, err = build_cli("stage", src, "--patches", patches)
@@ -166,7 +167,7 @@ def test_stage_refusals_change_nothing(release, checkout, build_cli, no_git_iden
     rc, _, err = build_cli("stage", src, "--patches", patches)
     assert rc == 1 and "synthetic-drift" in err and unchanged()
 
-    (patches / "series").write_text("".join(l + "\n" for l in (patches / "series").read_text().split()[:1]))
+    (patches / "series").write_text((patches / "series").read_text().split()[0] + "\n")
     (tmp_path / "repo" / "synthetic" / "test_synthetic_one.py").unlink()
     rc, _, err = build_cli("stage", src, "--patches", patches)
     assert rc == 1 and "is not a file" in err and unchanged()
@@ -183,7 +184,10 @@ def test_merge_test_refuses_name_clashes():
 
 def test_merge_test_places_imports_and_future():
     existing = '"""Doc."""\nimport os\n\n\nclass A:\n    pass\n'
-    ours = "from __future__ import annotations\n\nimport os\nimport sys as system\n\n\n# why\nclass B:\n    def test_b(self):\n        pass\n"
+    ours = (
+        "from __future__ import annotations\n\nimport os\nimport sys as system\n\n\n"
+        "# why\nclass B:\n    def test_b(self):\n        pass\n"
+    )
     merged = merge_test(existing, ours, "t.py")
     assert merged == (
         '"""Doc."""\nfrom __future__ import annotations\nimport os\nimport sys as system\n\n\nclass A:\n    pass\n'

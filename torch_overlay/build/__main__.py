@@ -9,8 +9,6 @@ from pathlib import Path
 from .._config import load_config
 from . import BuildError
 
-_REPO = Path(__file__).resolve().parents[2]
-
 
 def _add_patches(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -35,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
         "reported `upstream` and skipped, so a second run changes nothing.",
     )
     p.add_argument("src", type=Path, metavar="PYTORCH_SRC")
-    p.add_argument("--check", action="store_true", help="only report per patch: would apply / upstream / drift (exit 1 on drift)")
+    p.add_argument(
+        "--check", action="store_true", help="only report per patch: would apply / upstream / drift (exit 1 on drift)"
+    )
     p.add_argument("--reverse", action="store_true", help="undo an earlier (uncommitted) apply")
     _add_patches(p)
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         "version label overlay.N (N patches applied). Patches that are `upstream` for it are skipped.",
     )
     p.add_argument("wheel", type=Path, nargs="?", metavar="WHEEL")
-    p.add_argument("--out", type=Path, default=_REPO / "dist", metavar="DIR", help="output folder (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=Path("dist"), metavar="DIR", help="output folder (default: ./dist)")
     _add_patches(p)
 
     p = sub.add_parser(
@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("src", type=Path, metavar="PYTORCH_SRC")
     p.add_argument("--branch", default=None, help="branch to create (default: torch-overlay/<series hash>)")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR", help="PR body folder (default: inside the checkout's .git)")
+    p.add_argument(
+        "--out", type=Path, default=None, metavar="DIR", help="PR body folder (default: inside the checkout's .git)"
+    )
     _add_patches(p)
 
     args = parser.parse_args(argv)

@@ -33,9 +33,7 @@ class Checkout:
         return proc.stdout
 
     def head_text(self, path: str) -> str | None:
-        proc = subprocess.run(
-            ["git", "-C", str(self.root), "show", f"HEAD:{path}"], capture_output=True
-        )
+        proc = subprocess.run(["git", "-C", str(self.root), "show", f"HEAD:{path}"], capture_output=True)
         return proc.stdout.decode("utf-8") if proc.returncode == 0 else None
 
     def work_text(self, path: str) -> str | None:

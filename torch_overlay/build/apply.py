@@ -15,7 +15,7 @@ from typing import TextIO
 from .._hunks import HunkMismatch
 from . import BuildError
 from ._checkout import Checkout, open_checkout
-from ._plan import APPLY, DRIFT, UPSTREAM, Plan, Step, apply_variant, load_series, plan_series
+from ._plan import DRIFT, UPSTREAM, Plan, Step, apply_variant, load_series, plan_series
 
 __all__ = ["run_apply"]
 
@@ -89,11 +89,15 @@ def run_apply(
     present = _present(plan, work)
 
     verb = "check" + (" --reverse" if reverse else "") if check else ("reverse" if reverse else "apply")
-    out.write(f"{verb}: {len(patches)} patch(es) from {patches_dir} on {checkout.root} (version.txt {checkout.version})\n")
+    out.write(
+        f"{verb}: {len(patches)} patch(es) from {patches_dir} on {checkout.root} (version.txt {checkout.version})\n"
+    )
     rows: list[tuple[str, Step, str]] = []
     for step in plan.steps:
         if step.state == UPSTREAM:
-            rows.append(("upstream", step, step.reason if not reverse else f"part of this PyTorch, left alone: {step.reason}"))
+            rows.append(
+                ("upstream", step, step.reason if not reverse else f"part of this PyTorch, left alone: {step.reason}")
+            )
         elif step.state == DRIFT:
             rows.append(("drift", step, step.reason))
         elif step in present and not reverse:
@@ -103,7 +107,9 @@ def run_apply(
         elif reverse:
             rows.append(("not applied", step, step.variant.path.name))
         else:
-            rows.append(("would apply" if check else "applied", step, f"{step.variant.path.name}: {', '.join(step.paths)}"))
+            rows.append(
+                ("would apply" if check else "applied", step, f"{step.variant.path.name}: {', '.join(step.paths)}")
+            )
 
     if plan.drifted and not reverse:
         _report(out, rows)

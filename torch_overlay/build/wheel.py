@@ -29,7 +29,7 @@ from typing import TextIO
 
 from .._versions import torch_root
 from . import BuildError
-from ._plan import Plan, load_series, plan_series
+from ._plan import APPLY, Plan, load_series, plan_series
 
 __all__ = ["find_torch_wheels", "overlay_version", "record_line", "run_wheel", "wheel_search_dirs"]
 
@@ -131,9 +131,7 @@ def _installed_source() -> _Source:
 def wheel_search_dirs() -> list[Path]:
     """Local folders pip looks in for wheels: ``find-links`` from its config and environment."""
     values = os.environ.get("PIP_FIND_LINKS", "").split()
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
-    )
+    proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False)
     for line in proc.stdout.splitlines():
         key, _, value = line.partition("=")
         if key.endswith(".find-links"):
@@ -159,9 +157,7 @@ def _pip_cache_wheels() -> list[Path]:
 def _compatible(tags: str) -> bool:
     py, _, plat = tags.split("-")
     ours = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    return (ours in py.split(".") or "py3" in py.split(".")) and (
-        plat == "any" or platform.machine() in plat
-    )
+    return (ours in py.split(".") or "py3" in py.split(".")) and (plat == "any" or platform.machine() in plat)
 
 
 def find_torch_wheels(match: Callable[[str], bool] | None = None) -> Iterator[tuple[Path, str]]:
@@ -169,9 +165,13 @@ def find_torch_wheels(match: Callable[[str], bool] | None = None) -> Iterator[tu
     candidates = [p for d in wheel_search_dirs() for p in sorted(d.glob("torch-*.whl"))]
     for path in candidates + _pip_cache_wheels():
         m = _WHEEL_RE.match(path.name)
-        if m and m.group("name") == "torch" and _compatible(m.group("tags")):
-            if match is None or match(m.group("version")):
-                yield path, m.group("version")
+        if (
+            m
+            and m.group("name") == "torch"
+            and _compatible(m.group("tags"))
+            and (match is None or match(m.group("version")))
+        ):
+            yield path, m.group("version")
 
 
 def _rewrite_version_py(text: str, applied: int) -> str:
@@ -245,9 +245,11 @@ def run_wheel(wheel: Path | None, out_dir: Path, patches_dir: Path, *, out: Text
     patches = load_series(patches_dir)
     with _open_source(wheel, out) as source:
         plan = plan_series(patches, source.version, source.text)
-        out.write(f"wheel: {len(patches)} patch(es) from {patches_dir} on torch {source.version} ({source.description})\n")
+        out.write(
+            f"wheel: {len(patches)} patch(es) from {patches_dir} on torch {source.version} ({source.description})\n"
+        )
         for step in plan.steps:
-            state = "applied" if step.state == "apply" else step.state
+            state = "applied" if step.state == APPLY else step.state
             out.write(f"  {state:<8}  {step.patch.id}  ({step.reason})\n")
         if plan.drifted:
             raise BuildError(
@@ -256,7 +258,9 @@ def run_wheel(wheel: Path | None, out_dir: Path, patches_dir: Path, *, out: Text
                 + "; no wheel was written"
             )
         target = _write_wheel(source, plan, out_dir)
-    out.write(f"wrote {target}\ninstall: python -m pip install --force-reinstall --no-deps {shlex.quote(str(target))}\n")
+    out.write(
+        f"wrote {target}\ninstall: python -m pip install --force-reinstall --no-deps {shlex.quote(str(target))}\n"
+    )
     return 0
 
 
@@ -267,7 +271,9 @@ def _open_source(wheel: Path | None, out: TextIO) -> Iterator[_Source]:
         installed = _installed_source()
         wheel = next((p for p, _ in find_torch_wheels(lambda v: v == installed.version)), None)
         if wheel is None:
-            out.write(f"no torch {installed.version} wheel in pip's find-links or cache: using the {installed.description}\n")
+            out.write(
+                f"no torch {installed.version} wheel in pip's find-links or cache: using the {installed.description}\n"
+            )
             yield installed
             return
     if not wheel.is_file():
