@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 from . import _caches
 from ._config import Config, load_config
-from ._hunks import HunkMismatch, apply_file_diff
+from ._decide import APPLY, decide, UPSTREAM
 from ._importhook import PostImportFinder
 from ._patchfile import PatchFile
 from ._series import Patch, read_series
-from ._versions import parse_version, torch_version
+from ._versions import torch_version
 
 if TYPE_CHECKING:
     from ._codeswap import SwapPlan
@@ -151,38 +151,24 @@ class Overlay:
 
     def _try_apply(self, entry: _Entry) -> None:
         patch = entry.patch
-        version = torch_version()
-        sources = {m: self._source(m)[0] for m in patch.targets}
-        forward: tuple[PatchFile, dict[str, str]] | None = None
-        for variant in patch.ordered_variants(version):
-            texts = {d.module: sources[d.module] for d in variant.files}
-            if _applies_all(variant, texts, reverse=True):
-                entry.variant = variant
-                self._set(entry, "upstream", f"torch {version} already has this change ({variant.path.name} reverse-applies)")
-                return
-            if forward is None:
-                try:
-                    forward = (variant, _apply_all(variant, texts))
-                except HunkMismatch:
-                    pass
-        if forward is None:
-            fixed_in = patch.main.fields.get("Applied-Upstream", "") if patch.main else ""
-            if fixed_in and parse_version(version) >= parse_version(fixed_in):
-                self._set(entry, "upstream", f"fixed upstream in torch {fixed_in} (by a different change); not needed")
-            else:
-                names = ", ".join(v.path.name for v in patch.variants)
-                self._set(entry, "drift", f"no variant fits torch {version} ({names}): torch changed around the fix")
+        paths = dict(zip(patch.target_paths, patch.targets))  # torch/x/y.py -> torch.x.y
+        sources = {path: self._source(module)[0] for path, module in paths.items()}
+        decision = decide(patch, torch_version(), sources)
+        entry.variant = decision.variant
+        if decision.state != APPLY:
+            self._set(entry, "upstream" if decision.state == UPSTREAM else "drift", decision.reason)
             return
 
         from ._codeswap import plan_swap  # compiling machinery: only once a patch applies
 
-        variant, new_texts = forward
+        variant = decision.variant
+        new_texts = {paths[p]: t for p, t in decision.texts.items() if t != sources[p]}
+        old_texts = {paths[p]: t for p, t in sources.items()}
         tag = f"[torch_overlay:{patch.id}]"
         plans = []
         for module_name, text in new_texts.items():
-            module = sys.modules[module_name]
             _, path = self._source(module_name)
-            plans.append(plan_swap(module, sources[module_name], text, f"{path}{tag}"))
+            plans.append(plan_swap(sys.modules[module_name], old_texts[module_name], text, f"{path}{tag}"))
         committed: list[SwapPlan] = []
         try:
             for plan in plans:
@@ -196,7 +182,7 @@ class Overlay:
                 plan.revert()
             entry.plans = []
             raise
-        entry.texts_before = {m: sources[m] for m in new_texts}
+        entry.texts_before = {m: old_texts[m] for m in new_texts}
         self._texts.update(new_texts)
         changed = sorted({q for p in plans for q in p.changed})
         self._set(entry, "applied", f"{variant.path.name}: {', '.join(changed) or 'new definitions'}")
@@ -273,18 +259,3 @@ class Overlay:
 
     def patches(self) -> list[Patch]:
         return [e.patch for e in self._entries]
-
-
-def _applies_all(variant: PatchFile, texts: dict[str, str], reverse: bool) -> bool:
-    try:
-        _apply_all(variant, texts, reverse)
-    except HunkMismatch:
-        return False
-    return True
-
-
-def _apply_all(variant: PatchFile, texts: dict[str, str], reverse: bool = False) -> dict[str, str]:
-    out = dict(texts)
-    for diff in variant.files:
-        out[diff.module] = apply_file_diff(out[diff.module], diff, reverse)
-    return out

@@ -1,9 +1,6 @@
-"""Decide each patch's state on a set of source texts, with the runtime overlay's rules.
+"""Walk the series over a tree's source texts with the runtime overlay's rule (``_decide``).
 
-The runtime (``_engine.Overlay._try_apply``) and this module agree on the order: for each variant
-(those written for the version first), the reverse diff applying means ``upstream``; otherwise the
-first variant whose forward diff applies is used; failing both, ``Applied-Upstream`` <= version
-means ``upstream`` and anything else is ``drift``. Patches apply on top of the earlier ones.
+Patches apply on top of the earlier ones, as at run time.
 """
 
 from __future__ import annotations
@@ -13,16 +10,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._engine import _applies_all, _apply_all
+from .._decide import APPLY, apply_variant, decide, DRIFT, UPSTREAM
 from .._patchfile import PatchFile
 from .._series import Patch, read_series
-from .._versions import parse_version
 from . import BuildError
 
 __all__ = ["Plan", "Step", "apply_variant", "load_series", "plan_series", "series_hash"]
-
-APPLY, UPSTREAM, DRIFT = "apply", "upstream", "drift"
-
 
 @dataclass
 class Step:
@@ -76,34 +69,9 @@ def series_hash(patches: Iterable[Patch]) -> str:
     return digest.hexdigest()[:10]
 
 
-def apply_variant(variant: PatchFile, texts: dict[str, str], reverse: bool = False) -> dict[str, str]:
-    """``texts`` (path -> text) with ``variant`` applied; raise ``HunkMismatch``."""
-    by_module = {d.module: texts[d.path] for d in variant.files}
-    new = _apply_all(variant, by_module, reverse)
-    return {**texts, **{d.path: new[d.module] for d in variant.files}}
-
-
 def _decide(patch: Patch, version: str, texts: dict[str, str]) -> Step:
-    forward: PatchFile | None = None
-    missing: set[str] = set()
-    for variant in patch.ordered_variants(version):
-        absent = [d.path for d in variant.files if d.path not in texts]
-        if absent:
-            missing.update(absent)
-            continue
-        by_module = {d.module: texts[d.path] for d in variant.files}
-        if _applies_all(variant, by_module, reverse=True):
-            return Step(patch, UPSTREAM, f"already in the tree ({variant.path.name} reverse-applies)", variant)
-        if forward is None and _applies_all(variant, by_module, reverse=False):
-            forward = variant
-    if forward is not None:
-        return Step(patch, APPLY, forward.path.name, forward)
-    fixed_in = patch.main.fields.get("Applied-Upstream", "") if patch.main else ""
-    if fixed_in and parse_version(version) >= parse_version(fixed_in):
-        return Step(patch, UPSTREAM, f"fixed upstream in torch {fixed_in} (by a different change)")
-    names = ", ".join(v.path.name for v in patch.variants)
-    why = f"{', '.join(sorted(missing))} missing" if missing else "torch changed around the fix"
-    return Step(patch, DRIFT, f"no variant fits torch {version} ({names}): {why}")
+    decision = decide(patch, version, texts)
+    return Step(patch, decision.state, decision.reason, decision.variant)
 
 
 def plan_series(patches: list[Patch], version: str, read: Callable[[str], str | None]) -> Plan:

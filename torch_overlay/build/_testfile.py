@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from . import BuildError
 
@@ -90,6 +91,11 @@ def merge_test(existing: str, ours: str, where: str) -> str:
     rest = [n for n in ours_tree.body[head:] if n is not main]
 
     old_names = {name for node in old_tree.body for name in _defined(node)}
+    # A statement the file already has word for word (a shared constant, say) is not repeated.
+    old_dumps = {ast.dump(node) for node in old_tree.body}
+    repeated = [node for node in rest if _defined(node) and ast.dump(node) in old_dumps]
+    skip = {line for node in repeated for line in range(_start(node), node.end_lineno + 1)}
+    rest = [node for node in rest if node not in repeated]
     clashes = sorted({name for node in rest for name in _defined(node)} & old_names)
     if clashes:
         raise BuildError(f"{where} already defines {', '.join(clashes)}: rename them in the fix's test")
@@ -102,13 +108,20 @@ def merge_test(existing: str, ours: str, where: str) -> str:
         for bound, stmt in _bindings(node):
             if bound not in old_names:
                 (future if stmt.startswith("from __future__") else imports).append(stmt)
-            elif stmt not in _old_import_stmts(old_tree, bound):
+            elif stmt in _old_import_stmts(old_tree, bound):
+                continue
+            elif isinstance(node, ast.Import) and stmt.startswith(f"import {bound}."):
+                # `import torch.x.y` binds `torch` like the file's own `import torch...`; it only
+                # makes sure the submodule is loaded.
+                imports.append(stmt)
+            else:
                 raise BuildError(f"{where} binds {bound!r} differently from the fix's test ({stmt})")
 
     # Our statements after the imports, with the comments above them, up to our main guard.
     first = ours_tree.body[head - 1].end_lineno if head else 0
     stop = main.lineno - 1 if main else len(ours_lines)
-    chunk = "".join(ours_lines[first:stop]).strip("\n") if rest else ""
+    kept = [line for n, line in enumerate(ours_lines[first:stop], first + 1) if n not in skip]
+    chunk = re.sub(r"\n{4,}", "\n\n\n", "".join(kept)).strip("\n") if rest else ""
 
     out = list(old_lines)
     if out and not out[-1].endswith("\n"):
