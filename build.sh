@@ -18,10 +18,13 @@ Usage: ./build.sh VERB [ARGS]
   status [--json]      python -m torch_overlay status
   verify [IDS]         python -m torch_overlay verify
   apply PYTORCH_SRC [--check|--reverse]
-                       apply the patch series to a PyTorch git checkout
+                       apply the patch series to a PyTorch git checkout (checks all first)
   wheel [--out DIR] [WHEEL]
-                       rebuild the installed torch's wheel (or WHEEL) with the series applied
-  stage PYTORCH_SRC    one commit per patch with its upstream test and PR body, on a new branch
+                       rebuild the installed torch's wheel (or WHEEL) with the series applied,
+                       as version +overlay.N (default --out ./dist)
+  stage PYTORCH_SRC [--branch NAME] [--out DIR]
+                       one commit per patch with its upstream test and PR body, on a new branch
+  (apply, wheel and stage take --patches DIR to use another series)
   python               print the path of the Python interpreter used for TORCH_VERSION
   help                 this text
 
