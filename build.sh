@@ -80,6 +80,15 @@ run_py() {
   PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" "$@"
 }
 
+# Succeeds when the arguments name test files or folders (then `tests` is not added).
+test_paths_given() {
+  local a
+  for a in "$@"; do
+    [[ "$a" != -* && -e "$ROOT/${a%%::*}" ]] && return 0
+  done
+  return 1
+}
+
 cmd_test() {
   local py
   py="$(python_for_version)"
@@ -89,7 +98,7 @@ cmd_test() {
   cache="$(mktemp -d)"
   # A private inductor cache: a graph cached by another run must not hide a bug or a fix.
   TORCHINDUCTOR_CACHE_DIR="$cache" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
-    "$py" -m pytest -q -p no:cacheprovider -o addopts="" tests "$@" || rc=$?
+    "$py" -m pytest -q -p no:cacheprovider -o addopts="" $(test_paths_given "$@" || echo tests) "$@" || rc=$?
   rm -rf "$cache"
   return $rc
 }
