@@ -25,7 +25,7 @@ import pytest
 
 from tests.build._standin import installed_torches, PATCHES, REPO, versions_under_test
 from torch_overlay._series import read_series
-from torch_overlay._versions import parse_version
+from torch_overlay._versions import parse_version, torch_version
 from torch_overlay.build import BuildError
 from torch_overlay.build._plan import load_series, plan_series
 from torch_overlay.build._testfile import strip_plumbing
@@ -150,6 +150,8 @@ def test_rebuild_from_installed_files_matches_apply(release, checkout, build_cli
 def wheel_213(tmp_path_factory):
     if os.environ.get("TORCH_OVERLAY_SKIP_WHEEL_TEST") == "1":
         pytest.skip("TORCH_OVERLAY_SKIP_WHEEL_TEST=1")
+    if parse_version(torch_version()) != (2, 13, 0):
+        pytest.skip("the 2.13.0 wheel is rebuilt and checked in the torch 2.13.0 run")
     source = next(find_torch_wheels(lambda v: parse_version(v) == (2, 13, 0) and v.endswith("+cpu")), None)
     if source is None:
         pytest.skip("no torch 2.13.0 CPU wheel in pip's find-links or cache")
