@@ -1,0 +1,200 @@
+# Owner(s): ["module: inductor"]
+import torch_overlay  # noqa: F401  # torch_overlay: plumbing
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from hypothesis import given, Phase, settings, strategies as st
+from torch._dynamo import config as dynamo_config
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._inductor.test_case import run_tests, TestCase as InductorTestCase
+from torch.testing._internal.common_device_type import instantiate_device_type_tests
+from torch.testing._internal.inductor_utils import HAS_CPU, HAS_GPU
+from torch.utils.checkpoint import checkpoint
+
+
+NUM_EXPERTS = 4
+DIM = 8
+HIDDEN = 16
+
+
+def experts_for_loop(w1, w2, w3, x, num_tokens_per_expert, pad=True):
+    # torchtitan's MoE for-loop path: the rows of x past sum(num_tokens_per_expert)
+    # are padding, and each expert runs on its own split of the routed tokens.
+    sizes = num_tokens_per_expert.tolist()
+    num_tokens = sum(sizes)
+    outs = []
+    for i, x_expert in enumerate(torch.split(x[:num_tokens], sizes, dim=0)):
+        h = F.silu(x_expert @ w1[i].transpose(-2, -1))
+        h = h * (x_expert @ w3[i].transpose(-2, -1))
+        outs.append(h @ w2[i].transpose(-2, -1))
+    out = torch.cat(outs, dim=0)
+    if pad:
+        out = torch.vstack(
+            (out, out.new_zeros((x.shape[0] - num_tokens, out.shape[-1])))
+        )
+    return out
+
+
+def moe(w1, w2, w3, x, num_tokens_per_expert, scores, pad=True, ac=False):
+    # Without padding the expert output meets the router scores row for row, which
+    # tells inductor that the slice x[:num_tokens] keeps every row.
+    if ac:
+        out = checkpoint(
+            experts_for_loop,
+            w1,
+            w2,
+            w3,
+            x,
+            num_tokens_per_expert,
+            pad,
+            use_reentrant=False,
+        )
+    else:
+        out = experts_for_loop(w1, w2, w3, x, num_tokens_per_expert, pad)
+    return out * scores.unsqueeze(-1)
+
+
+class TestUnbackedSplitSlice(InductorTestCase):
+    def _weights(self, device):
+        torch.manual_seed(0)
+        return [
+            torch.randn(NUM_EXPERTS, *shape, device=device, requires_grad=True)
+            for shape in ((HIDDEN, DIM), (DIM, HIDDEN), (HIDDEN, DIM))
+        ]
+
+    def _inputs(self, device, counts, num_rows):
+        counts = torch.tensor(counts, device=device)
+        x = torch.randn(num_rows, DIM, device=device, requires_grad=True)
+        scores = torch.rand(num_rows, device=device)
+        return counts, x, scores
+
+    def _check_fwd_bwd(
+        self, fn, compiled, weights, counts, x, scores, mark=None, mark_scores=True
+    ):
+        args = [*weights, x, counts, scores]
+        ref = fn(*args)
+        ref_grads = torch.autograd.grad(ref.sum(), [*weights, x])
+
+        x_c = x.detach().clone().requires_grad_()
+        weights_c = [w.detach().clone().requires_grad_() for w in weights]
+        scores_c = scores.clone()
+        if mark is not None:
+            mark(x_c, 0)
+            if mark_scores:
+                mark(scores_c, 0)
+        out = compiled(*weights_c, x_c, counts, scores_c)
+        grads = torch.autograd.grad(out.sum(), [*weights_c, x_c])
+        self.assertEqual(out, ref)
+        self.assertEqual(grads, ref_grads)
+
+    def _run(self, device, pad, ac=False, mark=None, counts_list=None, num_rows=16):
+        fn = functools.partial(moe, pad=pad, ac=ac)
+        cnt = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(fn, backend=cnt, fullgraph=True)
+        weights = self._weights(device)
+        for counts in counts_list:
+            counts, x, scores = self._inputs(device, counts, num_rows)
+            self._check_fwd_bwd(fn, compiled, weights, counts, x, scores, mark)
+        return cnt
+
+    @dynamo_config.patch(capture_scalar_outputs=True)
+    def test_moe_for_loop_padded(self, device):
+        # Unbacked split sizes (zeros included) reuse one graph.
+        cnt = self._run(device, pad=True, counts_list=[[3, 0, 5, 4], [0, 7, 1, 0]])
+        self.assertEqual(cnt.frame_count, 1)
+
+    @dynamo_config.patch(capture_scalar_outputs=True)
+    def test_moe_for_loop_unpadded(self, device):
+        cnt = self._run(device, pad=False, counts_list=[[3, 2, 7, 4], [0, 16, 0, 0]])
+        self.assertEqual(cnt.frame_count, 1)
+
+    @dynamo_config.patch(capture_scalar_outputs=True)
+    def test_moe_for_loop_padded_checkpoint(self, device):
+        self._run(device, pad=True, ac=True, counts_list=[[3, 0, 5, 4]])
+
+    @dynamo_config.patch(capture_scalar_outputs=True)
+    def test_moe_for_loop_unpadded_checkpoint(self, device):
+        self._run(device, pad=False, ac=True, counts_list=[[3, 2, 7, 4]])
+
+    @dynamo_config.patch(capture_scalar_outputs=True)
+    def test_moe_for_loop_mark_unbacked(self, device):
+        # Only the tokens are unbacked; the scores pin their count to 16, which
+        # the unpadded split then has to match.
+        fn = functools.partial(moe, pad=False)
+        cnt = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(fn, backend=cnt, fullgraph=True)
+        weights = self._weights(device)
+        for counts in ([3, 2, 7, 4], [5, 0, 0, 11]):
+            counts, x, scores = self._inputs(device, counts, 16)
+            self._check_fwd_bwd(
+                fn,
+                compiled,
+                weights,
+                counts,
+                x,
+                scores,
+                torch._dynamo.decorators.mark_unbacked,
+                mark_scores=False,
+            )
+        self.assertEqual(cnt.frame_count, 1)
+
+    @dynamo_config.patch(capture_scalar_outputs=True)
+    def test_moe_for_loop_split_sizes_property(self, device):
+        fn = functools.partial(moe, pad=True)
+        cnt = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(fn, backend=cnt, fullgraph=True)
+        weights = self._weights(device)
+
+        # One compiled graph serves every example; shrinking would only recompile.
+        @settings(
+            max_examples=12,
+            deadline=None,
+            derandomize=True,
+            phases=(Phase.explicit, Phase.generate),
+        )
+        @given(
+            counts=st.lists(
+                st.integers(min_value=0, max_value=6),
+                min_size=NUM_EXPERTS,
+                max_size=NUM_EXPERTS,
+            ),
+            num_padding=st.integers(min_value=0, max_value=5),
+        )
+        def check(counts, num_padding):
+            # At least two rows, so x's dynamic length is never specialized to 0 or 1.
+            num_rows = max(sum(counts) + num_padding, 2)
+            counts, x, scores = self._inputs(device, counts, num_rows)
+            self._check_fwd_bwd(
+                fn, compiled, weights, counts, x, scores, torch._dynamo.mark_dynamic
+            )
+
+        check()
+        self.assertEqual(cnt.frame_count, 1)
+
+    @dynamo_config.patch(capture_scalar_outputs=True)
+    def test_moe_for_loop_counts_exceed_tokens(self, device):
+        # More routed tokens than rows: split_with_sizes' sum check must fire at
+        # runtime instead of reading past the slice.
+        fn = functools.partial(moe, pad=True)
+        compiled = torch.compile(fn, backend="inductor", fullgraph=True)
+        weights = [w.detach() for w in self._weights(device)]
+        counts, x, scores = self._inputs(device, [3, 0, 5, 4], 16)
+        self.assertEqual(
+            compiled(*weights, x, counts, scores), fn(*weights, x, counts, scores)
+        )
+        bad, _, _ = self._inputs(device, [3, 9, 5, 4], 16)
+        with self.assertRaisesRegex(RuntimeError, "split_with_sizes"):
+            fn(*weights, x, bad, scores)
+        with self.assertRaises(RuntimeError):
+            compiled(*weights, x, bad, scores)
+
+
+instantiate_device_type_tests(
+    TestUnbackedSplitSlice, globals(), only_for=("cpu", "cuda"), allow_xpu=False
+)
+
+if __name__ == "__main__":
+    if HAS_CPU or HAS_GPU:
+        run_tests()
