@@ -7,6 +7,7 @@ the module namespace. Anything else a hunk could change at module level is refus
 
 from __future__ import annotations
 
+import __future__
 import ast
 import difflib
 import functools
@@ -174,6 +175,12 @@ def _compile_patched(
     except SyntaxError as exc:
         raise CodeSwapError(f"patched source does not compile: {exc}") from exc
 
+    future_flags = 0
+    for node in new_tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            for alias in node.names:
+                future_flags |= getattr(__future__, alias.name).compiler_flag
+
     # Module-level statements: only insertions of defs, classes, imports and assignments.
     added: list[tuple[types.CodeType, list[str], int]] = []
     old_shapes = [_shape(s) for s in old_tree.body]
@@ -195,7 +202,10 @@ def _compile_patched(
                     f"the patch adds a {type(stmt).__name__} statement at line {stmt.lineno} of "
                     f"{module_name}; only defs, classes, imports and assignments can be added"
                 )
-            code = compile(ast.Module(body=[stmt], type_ignores=[]), filename, "exec", dont_inherit=True)
+            # Compiled alone, the statement still needs the module's `from __future__` imports.
+            code = compile(
+                ast.Module(body=[stmt], type_ignores=[]), filename, "exec", flags=future_flags, dont_inherit=True
+            )
             added.append((code, _bound_names(stmt), stmt.lineno))
     return new_code, added
 

@@ -273,3 +273,15 @@ def test_patched_code_is_cached_on_disk(tmp_path, monkeypatch):
     second = _codeswap._compile_patched_cached("m", MODULE, PATCHED, "m.py[torch_overlay:fix]")
     assert entry.suffix == ".marshal"
     assert second[0] == first[0] and [n for _, n, _ in second[1]] == [["helper"]]
+
+
+def test_new_definitions_keep_the_modules_future_imports(sandbox, config, overlays):
+    src = "from __future__ import annotations\n\n\ndef f():\n    return 1\n"
+    new = src + "\n\ndef g(x: NotDefinedAnywhere) -> int:\n    return 2\n"
+    name, path = sandbox.module(src)
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, src, new)])))
+    overlay = overlays(config())
+    overlay.activate()
+    mod = importlib.import_module(name)
+    assert _state(overlay, "fix").state == "applied", _state(overlay, "fix").reason
+    assert mod.g(0) == 2 and mod.g.__annotations__["x"] == "NotDefinedAnywhere"
