@@ -181,6 +181,12 @@ def _compile_patched(
             for alias in node.names:
                 future_flags |= getattr(__future__, alias.name).compiler_flag
 
+    imports = [
+        node
+        for node in new_tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "module", None) != "__future__"
+    ]
+
     # Module-level statements: only insertions of defs, classes, imports and assignments.
     added: list[tuple[types.CodeType, list[str], int]] = []
     old_shapes = [_shape(s) for s in old_tree.body]
@@ -202,12 +208,18 @@ def _compile_patched(
                     f"the patch adds a {type(stmt).__name__} statement at line {stmt.lineno} of "
                     f"{module_name}; only defs, classes, imports and assignments can be added"
                 )
-            # Compiled alone, the statement still needs the module's `from __future__` imports.
-            code = compile(
-                ast.Module(body=[stmt], type_ignores=[]), filename, "exec", flags=future_flags, dont_inherit=True
-            )
+            # Compiled alone, the statement still needs the module's `from __future__` imports,
+            # and the names bound by its imports: CPython compiles `mod.f()` differently when
+            # `mod` is an imported name. Under `if False:` they are seen but not executed.
+            unit = [ast.If(test=ast.Constant(False), body=imports, orelse=[]), stmt] if imports else [stmt]
+            tree = ast.fix_missing_locations(ast.Module(body=unit, type_ignores=[]))
+            code = compile(tree, filename, "exec", flags=future_flags, dont_inherit=True)
             added.append((code, _bound_names(stmt), stmt.lineno))
     return new_code, added
+
+
+# Part of the cache key: bump it when what _compile_patched returns changes.
+_CODE_CACHE_FORMAT = "2"
 
 
 def _cache_dir() -> Path | None:
@@ -225,7 +237,7 @@ def _compile_patched_cached(
     """:func:`_compile_patched`, memoized on disk like ``__pycache__`` (parsing is the slow part)."""
     folder = _cache_dir()
     key = hashlib.sha256(
-        "\0".join((sys.version, module_name, filename, old_source, new_source)).encode()
+        "\0".join((_CODE_CACHE_FORMAT, sys.version, module_name, filename, old_source, new_source)).encode()
     ).hexdigest()
     path = folder / f"{key}.marshal" if folder else None
     if path is not None:

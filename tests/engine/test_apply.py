@@ -285,3 +285,23 @@ def test_new_definitions_keep_the_modules_future_imports(sandbox, config, overla
     mod = importlib.import_module(name)
     assert _state(overlay, "fix").state == "applied", _state(overlay, "fix").reason
     assert mod.g(0) == 2 and mod.g.__annotations__["x"] == "NotDefinedAnywhere"
+
+
+def test_a_later_patch_does_not_report_an_earlier_patchs_new_definition(sandbox, config, overlays):
+    # CPython compiles `os.fspath(...)` differently when `os` is a name the module imports;
+    # a new def must be compiled as it is in the whole module, or the next patch of the same
+    # module sees it as changed.
+    src = "import os\n\n\ndef f():\n    return 1\n"
+    first = src + "\n\ndef helper(x):\n    return os.fspath(x) + 'a'\n"
+    second = first.replace("return 1", "return helper('b')")
+    name, path = sandbox.module(src)
+    sandbox.series(
+        ("0001-add.patch", make_patch("add", [make_diff(path, src, first)])),
+        ("0002-use.patch", make_patch("use", [make_diff(path, first, second)])),
+    )
+    overlay = overlays(config())
+    overlay.activate()
+    mod = importlib.import_module(name)
+    assert _state(overlay, "add").state == "applied", _state(overlay, "add").reason
+    assert _state(overlay, "use").reason.endswith(": f"), _state(overlay, "use").reason
+    assert mod.f() == "ba"

@@ -34,9 +34,7 @@ class TestUnbackedSplitItem(InductorTestCase):
             self.assertEqual(out, ref)
             if backward:
                 ref_grads = torch.autograd.grad(ref.sum(), [x, w])
-                self.assertEqual(
-                    torch.autograd.grad(out.sum(), [x_c, w]), ref_grads
-                )
+                self.assertEqual(torch.autograd.grad(out.sum(), [x_c, w]), ref_grads)
         return cnt
 
     @dynamo_config.patch(capture_scalar_outputs=True)

@@ -10,7 +10,7 @@ from torch.testing._internal.common_device_type import instantiate_device_type_t
 from torch.testing._internal.inductor_utils import HAS_CPU, HAS_GPU
 
 
-def moe(w1, w2, w3, x, num_tokens_per_expert, scores):
+def padded_moe_for_loop(w1, w2, w3, x, num_tokens_per_expert, scores):
     # torchtitan's MoE for-loop path; rows of x past sum(num_tokens_per_expert) are
     # padding. The slice's length is only computable once the split's asserts exist.
     sizes = num_tokens_per_expert.tolist()
@@ -33,12 +33,12 @@ class TestUnbackedSplitRebind(InductorTestCase):
             for shape in ((16, 8), (8, 16), (16, 8))
         ]
         cnt = CompileCounterWithBackend("inductor")
-        compiled = torch.compile(moe, backend=cnt, fullgraph=True)
+        compiled = torch.compile(padded_moe_for_loop, backend=cnt, fullgraph=True)
         for counts, num_rows in (([3, 0, 5, 4], 16), ([1, 2, 0, 9], 20)):
             counts = torch.tensor(counts, device=device)
             x = torch.randn(num_rows, 8, device=device, requires_grad=True)
             scores = torch.rand(num_rows, device=device)
-            ref = moe(*weights, x, counts, scores)
+            ref = padded_moe_for_loop(*weights, x, counts, scores)
             ref_grads = torch.autograd.grad(ref.sum(), [*weights, x])
 
             x_c = x.detach().clone().requires_grad_()

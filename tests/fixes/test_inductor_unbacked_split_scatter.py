@@ -21,7 +21,9 @@ class TestUnbackedSplitScatter(InductorTestCase):
     def test_item_slice_backward(self, device):
         torch.manual_seed(0)
         w = torch.randn(4, 8, 8, device=device, requires_grad=True)
-        compiled = torch.compile(split_routed_tokens, backend="inductor", fullgraph=True)
+        compiled = torch.compile(
+            split_routed_tokens, backend="inductor", fullgraph=True
+        )
         for counts in ([3, 0, 5, 4], [0, 9, 2, 1]):
             counts = torch.tensor(counts, device=device)
             x = torch.randn(20, 8, device=device, requires_grad=True)
