@@ -22,6 +22,8 @@ KNOWN_FIELDS = (
     "Test",
     "Test-Select",
     "Upstream-Test",
+    "Guard-Test",
+    "Upstream-Guard-Test",
     "Last-Update",
 )
 

@@ -70,7 +70,8 @@ def test_stage_one_commit_per_patch(release, checkout, build_cli, no_git_identit
     for commit, step in zip(commits, plan.applying, strict=True):
         upstream_test = _field(step, "Upstream-Test")
         files = git(src, "diff-tree", "--no-commit-id", "--name-only", "-r", commit).split()
-        assert sorted(files) == sorted(set(step.paths) | {upstream_test})
+        guard_test = _field(step, "Upstream-Guard-Test")
+        assert sorted(files) == sorted(set(step.paths) | {upstream_test} | ({guard_test} if guard_test else set()))
         message = git(src, "log", "-1", "--format=%B", commit)
         title, _, body = message.partition("\n\n")
         assert title == step.variant.title and not title.startswith("[PATCH")

@@ -1,9 +1,6 @@
-import functools
 import importlib
 import inspect
-import sys
 import traceback
-import warnings
 
 import pytest
 

@@ -4,7 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torch_overlay._engine import STATES
 from torch_overlay._versions import torch_root
 
 from ._fixtures import make_diff, make_patch
@@ -23,7 +22,6 @@ def test_status_json_covers_every_patch_in_the_series():
     proc = _cli("status", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
-    series = [l.strip() for l in (REPO / "patches" / "series").read_text().splitlines() if l.strip() and not l.startswith("#")]
     ids = [p["id"] for p in report["patches"]]
     assert len(ids) == len(set(ids)) and len(ids) >= 1
     for patch in report["patches"]:

@@ -6,7 +6,6 @@ import sys
 import threading
 from pathlib import Path
 
-import pytest
 
 from torch_overlay._engine import Overlay
 from torch_overlay._versions import parse_version, torch_version

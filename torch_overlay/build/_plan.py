@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._decide import APPLY, apply_variant, decide, DRIFT, UPSTREAM
+from .._decide import APPLY, apply_variant, decide, DRIFT
 from .._patchfile import PatchFile
 from .._series import Patch, read_series
 from . import BuildError

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -34,6 +34,8 @@ class StagedPatch:
     test_text: str  # the file at test_path after this commit
     test_command: str
     message: str
+    # Guard-Test placed at Upstream-Guard-Test: that path and the file after this commit
+    guard_tests: dict[str, str] = field(default_factory=dict)
 
 
 def _field(step: Step, name: str) -> str:
@@ -91,8 +93,29 @@ def _prepare(checkout: Checkout, steps: list[Step], repo: Path) -> list[StagedPa
         existing = tests[upstream]
         tests[upstream] = ours if existing is None else merge_test(existing, ours, upstream)
         select = _field(step, "Test-Select") or " or ".join(reproducer_names(ours))
-        command = f"python {upstream}" + (f" -k {shlex.quote(select)}" if select else "")
-        out.append(StagedPatch(step, upstream, tests[upstream], command, commit_message(step, command)))
+        commands = [f"python {upstream}" + (f" -k {shlex.quote(select)}" if select else "")]
+        guard_tests = {}
+        guard, guard_upstream = _field(step, "Guard-Test"), _field(step, "Upstream-Guard-Test")
+        if guard or guard_upstream:
+            if not (guard and guard_upstream and (repo / guard).is_file()):
+                raise BuildError(
+                    f"{step.patch.id}: Guard-Test {guard or '(none)'} needs a file under {repo} "
+                    "and an Upstream-Guard-Test"
+                )
+            guard_text = strip_plumbing((repo / guard).read_text(encoding="utf-8"))
+            if guard_upstream not in tests:
+                tests[guard_upstream] = checkout.head_text(guard_upstream)
+            existing = tests[guard_upstream]
+            tests[guard_upstream] = (
+                guard_text if existing is None else merge_test(existing, guard_text, guard_upstream)
+            )
+            guard_tests[guard_upstream] = tests[guard_upstream]
+            guard_select = " or ".join(reproducer_names(guard_text))
+            commands.append(f"python {guard_upstream}" + (f" -k {shlex.quote(guard_select)}" if guard_select else ""))
+        command = "\n".join(commands)
+        out.append(
+            StagedPatch(step, upstream, tests[upstream], command, commit_message(step, command), guard_tests)
+        )
     return out
 
 
@@ -103,8 +126,10 @@ def _commit_all(checkout: Checkout, plan_before: dict[str, str], staged: list[St
         variant = item.step.variant
         assert variant is not None
         texts = apply_variant(variant, texts)
-        checkout.write({**{p: texts[p] for p in item.step.paths}, item.test_path: item.test_text})
-        checkout.git("add", "--", *item.step.paths, item.test_path)
+        checkout.write(
+            {**{p: texts[p] for p in item.step.paths}, item.test_path: item.test_text, **item.guard_tests}
+        )
+        checkout.git("add", "--", *item.step.paths, item.test_path, *item.guard_tests)
         name, email = _author(variant)
         # With no git identity (CI), commit as the patch's author; otherwise as the user, whose
         # identity upstream's CLA check will look for.
@@ -158,7 +183,8 @@ def run_stage(
         checkout.git("reset", "-q", "--hard", check=False)
         checkout.git("checkout", "-q", start, check=False)
         checkout.git("branch", "-q", "-D", branch, check=False)
-        checkout.git("clean", "-q", "-f", "--", *{s.test_path for s in staged}, check=False)
+        new_tests = {s.test_path for s in staged} | {p for s in staged for p in s.guard_tests}
+        checkout.git("clean", "-q", "-f", "--", *new_tests, check=False)
         raise
     out_dir.mkdir(parents=True, exist_ok=True)
     for item in staged:
