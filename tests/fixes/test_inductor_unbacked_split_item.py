@@ -9,6 +9,10 @@ from torch.testing._internal.common_device_type import instantiate_device_type_t
 from torch.testing._internal.inductor_utils import HAS_CPU, HAS_GPU
 
 
+# How inductor's runtime asserts print the sum of four unbacked split sizes
+SUM_OF_SPLIT_SIZES = r"u\d+ \+ u\d+ \+ u\d+ \+ u\d+"
+
+
 def split_item_slice(x, num_tokens_per_expert, num_tokens, w):
     # num_tokens is a 0-d CPU tensor: dynamo gives its item() a backed symbol.
     sizes = num_tokens_per_expert.tolist()
@@ -81,7 +85,8 @@ class TestUnbackedSplitItem(InductorTestCase):
         for num_tokens in (torch.tensor(10), torch.tensor(14)):
             with self.assertRaisesRegex(RuntimeError, "split_with_sizes"):
                 split_item_slice(x, counts, num_tokens, w)
-            with self.assertRaises(RuntimeError):
+            # The compiled graph's runtime assert over the sum of the split sizes
+            with self.assertRaisesRegex(RuntimeError, SUM_OF_SPLIT_SIZES):
                 compiled(x, counts, num_tokens, w)
 
 

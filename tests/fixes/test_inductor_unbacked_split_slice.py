@@ -11,6 +11,10 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch._inductor.test_case import run_tests, TestCase as InductorTestCase
 from torch.testing._internal.common_device_type import instantiate_device_type_tests
 from torch.testing._internal.inductor_utils import HAS_CPU, HAS_GPU
+
+
+# How inductor's runtime asserts print the sum of four unbacked split sizes
+SUM_OF_SPLIT_SIZES = r"u\d+ \+ u\d+ \+ u\d+ \+ u\d+"
 from torch.utils.checkpoint import checkpoint
 
 
@@ -187,7 +191,8 @@ class TestUnbackedSplitSlice(InductorTestCase):
         bad, _, _ = self._inputs(device, [3, 9, 5, 4], 16)
         with self.assertRaisesRegex(RuntimeError, "split_with_sizes"):
             fn(*weights, x, bad, scores)
-        with self.assertRaises(RuntimeError):
+        # The compiled graph's runtime assert over the sum of the split sizes
+        with self.assertRaisesRegex(RuntimeError, SUM_OF_SPLIT_SIZES):
             compiled(*weights, x, bad, scores)
 
 
