@@ -10,12 +10,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._decide import APPLY, apply_variant, decide, DRIFT
+from .._decide import APPLY, apply_variant, decide, DRIFT, UPSTREAM
 from .._patchfile import PatchFile
 from .._series import Patch, read_series
 from . import BuildError
 
-__all__ = ["Plan", "Step", "apply_variant", "load_series", "plan_series", "series_hash"]
+__all__ = ["APPLY", "DRIFT", "UPSTREAM", "Plan", "Step", "apply_variant", "load_series", "plan_series", "series_hash"]
 
 @dataclass
 class Step:
