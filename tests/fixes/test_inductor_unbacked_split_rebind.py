@@ -8,11 +8,17 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch._inductor.test_case import run_tests, TestCase as InductorTestCase
 from torch.testing._internal.common_device_type import instantiate_device_type_tests
 from torch.testing._internal.inductor_utils import HAS_CPU, HAS_GPU
+from torch.utils.checkpoint import checkpoint
 
 
-def padded_moe_for_loop(w1, w2, w3, x, num_tokens_per_expert, scores):
-    # torchtitan's MoE for-loop path; rows of x past sum(num_tokens_per_expert) are
-    # padding. The slice's length is only computable once the split's asserts exist.
+NUM_EXPERTS = 4
+DIM = 8
+HIDDEN = 16
+
+
+def experts_for_loop(w1, w2, w3, x, num_tokens_per_expert, pad=True):
+    # torchtitan's MoE for-loop path: the rows of x past sum(num_tokens_per_expert)
+    # are padding, and each expert runs on its own split of the routed tokens.
     sizes = num_tokens_per_expert.tolist()
     num_tokens = sum(sizes)
     outs = []
@@ -21,7 +27,29 @@ def padded_moe_for_loop(w1, w2, w3, x, num_tokens_per_expert, scores):
         h = h * (x_expert @ w3[i].transpose(-2, -1))
         outs.append(h @ w2[i].transpose(-2, -1))
     out = torch.cat(outs, dim=0)
-    out = torch.vstack((out, out.new_zeros((x.shape[0] - num_tokens, out.shape[-1]))))
+    if pad:
+        out = torch.vstack(
+            (out, out.new_zeros((x.shape[0] - num_tokens, out.shape[-1])))
+        )
+    return out
+
+
+def moe(w1, w2, w3, x, num_tokens_per_expert, scores, pad=True, ac=False):
+    # Without padding the expert output meets the router scores row for row, which
+    # tells inductor that the slice x[:num_tokens] keeps every row.
+    if ac:
+        out = checkpoint(
+            experts_for_loop,
+            w1,
+            w2,
+            w3,
+            x,
+            num_tokens_per_expert,
+            pad,
+            use_reentrant=False,
+        )
+    else:
+        out = experts_for_loop(w1, w2, w3, x, num_tokens_per_expert, pad)
     return out * scores.unsqueeze(-1)
 
 
@@ -29,16 +57,16 @@ class TestUnbackedSplitRebind(InductorTestCase):
     def _check(self, device, mark_dynamic):
         torch.manual_seed(0)
         weights = [
-            torch.randn(4, *shape, device=device, requires_grad=True)
-            for shape in ((16, 8), (8, 16), (16, 8))
+            torch.randn(NUM_EXPERTS, *shape, device=device, requires_grad=True)
+            for shape in ((HIDDEN, DIM), (DIM, HIDDEN), (HIDDEN, DIM))
         ]
         cnt = CompileCounterWithBackend("inductor")
-        compiled = torch.compile(padded_moe_for_loop, backend=cnt, fullgraph=True)
+        compiled = torch.compile(moe, backend=cnt, fullgraph=True)
         for counts, num_rows in (([3, 0, 5, 4], 16), ([1, 2, 0, 9], 20)):
             counts = torch.tensor(counts, device=device)
-            x = torch.randn(num_rows, 8, device=device, requires_grad=True)
+            x = torch.randn(num_rows, DIM, device=device, requires_grad=True)
             scores = torch.rand(num_rows, device=device)
-            ref = padded_moe_for_loop(*weights, x, counts, scores)
+            ref = moe(*weights, x, counts, scores)
             ref_grads = torch.autograd.grad(ref.sum(), [*weights, x])
 
             x_c = x.detach().clone().requires_grad_()
