@@ -1,15 +1,12 @@
 # Owner(s): ["module: inductor"]
 import torch_overlay  # noqa: F401  # torch_overlay: plumbing
 
-import unittest
-
 import torch
 from torch._dynamo import config as dynamo_config
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._inductor.test_case import run_tests, TestCase as InductorTestCase
 from torch.testing._internal.common_device_type import instantiate_device_type_tests
 from torch.testing._internal.inductor_utils import HAS_CPU, HAS_GPU
-from torch.torch_version import TorchVersion
 
 
 # How inductor's runtime asserts print the sum of four unbacked split sizes
@@ -23,25 +20,17 @@ def split_item_slice(x, num_tokens_per_expert, num_tokens, w):
     return torch.cat([x_expert @ w[i] for i, x_expert in enumerate(xs)], dim=0)
 
 
-def split_item_slice_padded(x, num_tokens_per_expert, num_tokens, w):
-    # torchtitan's padding of the expert output back to the routed rows
-    n = num_tokens.item()
-    xs = torch.split(x[:n], num_tokens_per_expert.tolist(), dim=0)
-    out = torch.cat([x_expert @ w[i] for i, x_expert in enumerate(xs)], dim=0)
-    return torch.vstack((out, out.new_zeros((x.shape[0] - n, out.shape[-1]))))
-
-
 class TestUnbackedSplitItem(InductorTestCase):
-    def _check(self, device, cases, mark=None, backward=True, fn=split_item_slice):
+    def _check(self, device, cases, mark=None, backward=True):
         torch.manual_seed(0)
         w = torch.randn(4, 8, 8, device=device, requires_grad=True)
         cnt = CompileCounterWithBackend("inductor")
-        compiled = torch.compile(fn, backend=cnt, fullgraph=True)
+        compiled = torch.compile(split_item_slice, backend=cnt, fullgraph=True)
         for counts, num_rows in cases:
             counts = torch.tensor(counts, device=device)
             num_tokens = counts.sum().cpu()
             x = torch.randn(num_rows, 8, device=device, requires_grad=backward)
-            ref = fn(x, counts, num_tokens, w)
+            ref = split_item_slice(x, counts, num_tokens, w)
             x_c = x.detach().clone().requires_grad_(backward)
             if mark is not None:
                 mark(x_c, 0)
@@ -62,17 +51,6 @@ class TestUnbackedSplitItem(InductorTestCase):
     @dynamo_config.patch(capture_scalar_outputs=True)
     def test_item_slice_then_split_backward(self, device):
         self._check(device, [([3, 0, 5, 4], 20), ([0, 2, 9, 1], 12)])
-
-    @unittest.skipIf(
-        TorchVersion(torch.__version__) < "2.14",
-        "before 2.14 the backward of the padding also fails: its gradient's size "
-        "names the retraced item() symbol, which the backward graph never receives",
-    )
-    @dynamo_config.patch(capture_scalar_outputs=True)
-    def test_item_slice_then_split_padded_backward(self, device):
-        self._check(
-            device, [([3, 0, 5, 4], 16), ([1, 2, 0, 9], 20)], fn=split_item_slice_padded
-        )
 
     @dynamo_config.patch(capture_scalar_outputs=True)
     def test_item_slice_then_split_mark_dynamic(self, device):

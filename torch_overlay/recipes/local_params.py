@@ -111,7 +111,10 @@ def _forward_with_local_views(self: nn.Module, *args: Any, **kwargs: Any) -> Any
         return type(self).forward(self, *args, **kwargs)
     finally:
         for owner, name in shadowed:
-            owner.__dict__.pop(name, None)
+            # Not `owner.__dict__.pop(name)`: dynamo 2.12 replays that as a delattr of the
+            # module, which unregisters the parameter itself.
+            if name in owner.__dict__:
+                object.__delattr__(owner, name)
 
 
 def use_local_param_views(
