@@ -80,6 +80,17 @@ def pr_body(staged: StagedPatch) -> str:
 def _prepare(checkout: Checkout, steps: list[Step], repo: Path) -> list[StagedPatch]:
     """Each commit's test file and message; refuse before any change if one cannot be made."""
     tests: dict[str, str | None] = {}
+
+    def add_test(path: str, upstream: str, select: str) -> str:
+        """Merge our test at ``path`` into ``upstream``; the command that runs its tests."""
+        ours = strip_plumbing((repo / path).read_text(encoding="utf-8"))
+        if upstream not in tests:
+            tests[upstream] = checkout.head_text(upstream)
+        existing = tests[upstream]
+        tests[upstream] = ours if existing is None else merge_test(existing, ours, upstream)
+        select = select or " or ".join(reproducer_names(ours))
+        return f"python {upstream}" + (f" -k {shlex.quote(select)}" if select else "")
+
     out = []
     for step in steps:
         test, upstream = _field(step, "Test"), _field(step, "Upstream-Test")
@@ -87,13 +98,7 @@ def _prepare(checkout: Checkout, steps: list[Step], repo: Path) -> list[StagedPa
             raise BuildError(f"{step.patch.id}: its Test {test or '(none)'} is not a file under {repo}")
         if not upstream:
             raise BuildError(f"{step.patch.id}: no Upstream-Test field, so the test has no place upstream")
-        ours = strip_plumbing((repo / test).read_text(encoding="utf-8"))
-        if upstream not in tests:
-            tests[upstream] = checkout.head_text(upstream)
-        existing = tests[upstream]
-        tests[upstream] = ours if existing is None else merge_test(existing, ours, upstream)
-        select = _field(step, "Test-Select") or " or ".join(reproducer_names(ours))
-        commands = [f"python {upstream}" + (f" -k {shlex.quote(select)}" if select else "")]
+        commands = [add_test(test, upstream, _field(step, "Test-Select"))]
         guard_tests = {}
         guard, guard_upstream = _field(step, "Guard-Test"), _field(step, "Upstream-Guard-Test")
         if guard or guard_upstream:
@@ -102,16 +107,8 @@ def _prepare(checkout: Checkout, steps: list[Step], repo: Path) -> list[StagedPa
                     f"{step.patch.id}: Guard-Test {guard or '(none)'} needs a file under {repo} "
                     "and an Upstream-Guard-Test"
                 )
-            guard_text = strip_plumbing((repo / guard).read_text(encoding="utf-8"))
-            if guard_upstream not in tests:
-                tests[guard_upstream] = checkout.head_text(guard_upstream)
-            existing = tests[guard_upstream]
-            tests[guard_upstream] = (
-                guard_text if existing is None else merge_test(existing, guard_text, guard_upstream)
-            )
+            commands.append(add_test(guard, guard_upstream, ""))
             guard_tests[guard_upstream] = tests[guard_upstream]
-            guard_select = " or ".join(reproducer_names(guard_text))
-            commands.append(f"python {guard_upstream}" + (f" -k {shlex.quote(guard_select)}" if guard_select else ""))
         command = "\n".join(commands)
         out.append(
             StagedPatch(step, upstream, tests[upstream], command, commit_message(step, command), guard_tests)
