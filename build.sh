@@ -126,7 +126,7 @@ case "$verb" in
   bench) cmd_bench "$@" ;;
   status) run_py -m torch_overlay status "$@" ;;
   verify) run_py -m torch_overlay verify "$@" ;;
-  apply | wheel | stage) run_py -m torch_overlay.build "$verb" "$@" ;;
+  apply | wheel | stage) run_py -m torch_overlay.tools "$verb" "$@" ;;
   python) python_for_version ;;
   help | -h | --help) usage ;;
   *)

@@ -13,7 +13,7 @@ setup(
     long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=["torch_overlay", "torch_overlay.recipes", "torch_overlay.build", "torch_overlay.patches"],
+    packages=["torch_overlay", "torch_overlay.recipes", "torch_overlay.tools", "torch_overlay.patches"],
     # The patch series ships inside the package; a source checkout reads ./patches directly.
     package_dir={"torch_overlay.patches": "patches"},
     package_data={"torch_overlay.patches": ["series", "*.patch"]},

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.build._standin import (
+from tests.tools._standin import (
     add_synthetic_patch,
     copy_series,
     git,
@@ -18,10 +18,10 @@ from tests.build._standin import (
     running_release,
     versions_under_test,
 )
-from torch_overlay.build import BuildError
-from torch_overlay.build._checkout import open_checkout
-from torch_overlay.build._plan import load_series, plan_series, series_hash
-from torch_overlay.build._testfile import merge_test, reproducer_names, strip_plumbing
+from torch_overlay.tools import BuildError
+from torch_overlay.tools._checkout import open_checkout
+from torch_overlay.tools._plan import load_series, plan_series, series_hash
+from torch_overlay.tools._testfile import merge_test, reproducer_names, strip_plumbing
 
 VERSIONS = versions_under_test()
 

@@ -23,13 +23,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.build._standin import installed_torches, PATCHES, REPO, versions_under_test
+from tests.tools._standin import installed_torches, PATCHES, REPO, versions_under_test
 from torch_overlay._series import read_series
 from torch_overlay._versions import parse_version, torch_version
-from torch_overlay.build import BuildError
-from torch_overlay.build._plan import load_series, plan_series
-from torch_overlay.build._testfile import strip_plumbing
-from torch_overlay.build.wheel import find_torch_wheels, overlay_version, record_line
+from torch_overlay.tools import BuildError
+from torch_overlay.tools._plan import load_series, plan_series
+from torch_overlay.tools._testfile import strip_plumbing
+from torch_overlay.tools.wheel import find_torch_wheels, overlay_version, record_line
 
 VERSIONS = versions_under_test()
 
@@ -40,7 +40,7 @@ def _run_build(*args: str | Path, pythonpath: list[Path], isolate_pip: bool = Fa
         # No find-links and no config: the wheel must come from the installed files.
         env.update(PIP_CONFIG_FILE=os.devnull, PIP_FIND_LINKS="", PIP_NO_CACHE_DIR="1")
     return subprocess.run(
-        [sys.executable, "-m", "torch_overlay.build", *map(str, args)], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "torch_overlay.tools", *map(str, args)], capture_output=True, text=True, env=env
     )
 
 

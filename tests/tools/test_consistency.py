@@ -13,9 +13,9 @@ import subprocess
 
 import pytest
 
-from tests.build._standin import installed_torches, PATCHES, REPO, versions_under_test
-from torch_overlay.build._checkout import open_checkout
-from torch_overlay.build._plan import load_series, plan_series
+from tests.tools._standin import installed_torches, PATCHES, REPO, versions_under_test
+from torch_overlay.tools._checkout import open_checkout
+from torch_overlay.tools._plan import load_series, plan_series
 
 RUNTIME = r"""
 import contextlib, io, json

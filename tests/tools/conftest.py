@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.build._standin import installed_torches, make_standin, reset
+from tests.tools._standin import installed_torches, make_standin, reset
 
 
 @pytest.fixture(scope="session")
@@ -43,8 +43,8 @@ def checkout(standin_template: Callable[[str], Path]) -> Callable[[str], Path]:
 
 @pytest.fixture
 def build_cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
-    """Run ``python -m torch_overlay.build ARGS`` in this process: (exit status, stdout, stderr)."""
-    from torch_overlay.build.__main__ import main
+    """Run ``python -m torch_overlay.tools ARGS`` in this process: (exit status, stdout, stderr)."""
+    from torch_overlay.tools.__main__ import main
 
     def run(*args: str | Path) -> tuple[int, str, str]:
         capsys.readouterr()

@@ -1,4 +1,4 @@
-"""``python -m torch_overlay.build apply|wheel|stage`` (what ``./build.sh apply|wheel|stage`` runs)."""
+"""``python -m torch_overlay.tools apply|wheel|stage`` (what ``./build.sh apply|wheel|stage`` runs)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.build._standin import (
+from tests.tools._standin import (
     add_synthetic_patch,
     copy_series,
     git,
@@ -19,8 +19,8 @@ from tests.build._standin import (
     REPO,
     versions_under_test,
 )
-from torch_overlay.build._checkout import open_checkout
-from torch_overlay.build._plan import load_series, Plan, plan_series
+from torch_overlay.tools._checkout import open_checkout
+from torch_overlay.tools._plan import load_series, Plan, plan_series
 
 VERSIONS = versions_under_test()
 WORDS = {"apply": "would apply", "upstream": "upstream", "drift": "drift"}
