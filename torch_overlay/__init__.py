@@ -1,7 +1,7 @@
 """torch_overlay: fixes for PyTorch internals, applied to the installed torch as it is imported.
 
-``import torch_overlay`` (before or after ``import torch``) reads ``patches/series`` and applies
-each patch the installed torch needs when the module it changes is first imported. Nothing heavy is
+``import torch_overlay`` (before torch's internals are imported) reads ``patches/series``; each
+module a patch changes then executes its patched source when it is first imported. Nothing heavy is
 imported here. See ``python -m torch_overlay status``.
 """
 
@@ -9,17 +9,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._engine import Overlay, OverlayError, PatchStatus
+from ._engine import Overlay
+from ._state import Mode, OverlayError, OverlayWarning, PatchState, PatchStatus, Target
 
 __all__ = [
+    "Mode",
     "OverlayError",
+    "OverlayWarning",
+    "PatchState",
     "PatchStatus",
     "ReplicaDivergenceError",
     "ReplicaDivergenceWarning",
     "ReplicaMismatch",
     "ReplicaReport",
+    "Target",
     "check_replicas",
+    "get_original",
     "guard_replicas",
+    "is_patched",
     "revert",
     "status",
 ]
@@ -33,9 +40,23 @@ def status() -> list[PatchStatus]:
     return _overlay.status()
 
 
-def revert() -> None:
-    """Restore torch's original code for every applied patch; nothing is applied afterwards."""
-    _overlay.revert()
+def revert() -> list[str]:
+    """Undo every patch that can be undone in this process (swapped code); nothing applies afterwards.
+
+    Returns one line per patch that a module executed at import: those need a new process
+    (``TORCH_OVERLAY_DISABLE=<id>``).
+    """
+    return _overlay.revert()
+
+
+def is_patched(obj: object) -> bool:
+    """Whether ``obj`` (a function, method or class of torch) runs code a patch changed."""
+    return _overlay.is_patched(obj)
+
+
+def get_original(obj: Any) -> Any:
+    """The function as the installed torch ships it (``obj`` itself if no patch changed it)."""
+    return _overlay.get_original(obj)
 
 
 _LAZY = {

@@ -29,8 +29,8 @@ def _import_targets() -> None:
     for row in torch_overlay.status():
         if row.state != "pending":
             continue
-        for path in row.targets:
-            name = path[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+        for target in row.targets:
+            name = target.module
             entry = next((e for prefix, e in _ENTRY_POINTS.items() if name.startswith(prefix)), None)
             try:
                 if entry:
@@ -49,8 +49,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         print(f"torch {torch_version()}; patches from {torch_overlay._overlay.config.patches_dir}")
         print(format_status(rows))
+    problems = torch_overlay._overlay.problems
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
     bad = [r for r in rows if r.state in ("drift", "failed")]
-    return 1 if bad else 0
+    return 1 if bad or problems else 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -1,5 +1,8 @@
 """Swap a live module's functions to the code compiled from its patched source.
 
+This is the late path, for a module imported before the overlay: a module imported after it runs
+its patched source (see ``_modcode``).
+
 Every function object keeps its identity (aliases, registries and decorators that hold it all see
 the fix); only ``__code__`` changes. New top-level statements (helpers, imports) are executed in
 the module namespace. Anything else a hunk could change at module level is refused.
@@ -12,16 +15,14 @@ import ast
 import difflib
 import functools
 import gc
-import hashlib
 import inspect
-import marshal
-import os
 import sys
 import linecache
 import types
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from ._codecache import CodeCache
 
 __all__ = ["CodeSwapError", "SwapPlan", "plan_swap"]
 
@@ -218,51 +219,39 @@ def _compile_patched(
     return new_code, added
 
 
-# Part of the cache key: bump it when what _compile_patched returns changes.
-_CODE_CACHE_FORMAT = "2"
-
-
-def _cache_dir() -> Path | None:
-    if os.environ.get("TORCH_OVERLAY_CODE_CACHE", "1") == "0":
-        return None
-    root = os.environ.get("TORCH_OVERLAY_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch_overlay"
+def _is_compiled_patch(value: object) -> bool:
+    """The shape :func:`_compile_patched` returns (what a cache entry must unmarshal to)."""
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], types.CodeType)):
+        return False
+    added = value[1]
+    return isinstance(added, list) and all(
+        isinstance(a, tuple)
+        and len(a) == 3
+        and isinstance(a[0], types.CodeType)
+        and isinstance(a[1], list)
+        and isinstance(a[2], int)
+        for a in added
     )
-    return Path(root) / "code"
 
 
 def _compile_patched_cached(
-    module_name: str, old_source: str, new_source: str, filename: str
+    cache: CodeCache, module_name: str, old_source: str, new_source: str, filename: str
 ) -> tuple[types.CodeType, list[tuple[types.CodeType, list[str], int]]]:
-    """:func:`_compile_patched`, memoized on disk like ``__pycache__`` (parsing is the slow part)."""
-    folder = _cache_dir()
-    key = hashlib.sha256(
-        "\0".join((_CODE_CACHE_FORMAT, sys.version, module_name, filename, old_source, new_source)).encode()
-    ).hexdigest()
-    path = folder / f"{key}.marshal" if folder else None
-    if path is not None:
-        try:
-            return marshal.loads(path.read_bytes())
-        except (OSError, ValueError, EOFError, TypeError):
-            pass
-    result = _compile_patched(module_name, old_source, new_source, filename)
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(marshal.dumps(result))
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only cache only costs time
-    return result
+    """:func:`_compile_patched`, memoized on disk (parsing is the slow part)."""
+    key = "\0".join(("swap", sys.version, module_name, filename, old_source, new_source))
+    return cache.load_or_build(
+        key, lambda: _compile_patched(module_name, old_source, new_source, filename), _is_compiled_patch
+    )
 
 
-def plan_swap(module: types.ModuleType, old_source: str, new_source: str, filename: str) -> SwapPlan:
+def plan_swap(
+    module: types.ModuleType, old_source: str, new_source: str, filename: str, cache: CodeCache
+) -> SwapPlan:
     """Work out, without changing anything, how to make ``module`` run ``new_source``.
 
     ``old_source`` must be the source the module's live code was compiled from (or was swapped to).
     """
-    new_code, added = _compile_patched_cached(module.__name__, old_source, new_source, filename)
+    new_code, added = _compile_patched_cached(cache, module.__name__, old_source, new_source, filename)
     plan = SwapPlan(module, filename, new_source)
     plan.new_statements = list(added)
 

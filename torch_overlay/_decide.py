@@ -2,7 +2,7 @@
 
 For each variant (those written for the installed version first): if its reverse diff applies,
 the tree already has it (``upstream``); otherwise the first variant whose forward diff applies is
-used (``apply``). Failing both, a torch at or past ``Applied-Upstream`` has the fix by another
+used (``applied``). Failing both, a torch at or past ``Applied-Upstream`` has the fix by another
 change (``upstream``); anything else is ``drift``.
 """
 
@@ -13,19 +13,18 @@ from dataclasses import dataclass, field
 from ._hunks import apply_file_diff, HunkMismatch
 from ._patchfile import PatchFile
 from ._series import Patch
+from ._state import PatchState
 from ._versions import parse_version
 
-__all__ = ["APPLY", "apply_variant", "decide", "Decision", "DRIFT", "UPSTREAM"]
-
-APPLY, UPSTREAM, DRIFT = "apply", "upstream", "drift"
+__all__ = ["apply_variant", "decide", "Decision"]
 
 
 @dataclass
 class Decision:
-    state: str  # APPLY, UPSTREAM or DRIFT
+    state: PatchState  # APPLIED (the diff applies), UPSTREAM or DRIFT
     reason: str
     variant: PatchFile | None = None  # the variant that applies or reverse-applies
-    texts: dict[str, str] = field(default_factory=dict)  # APPLY: path -> patched text
+    texts: dict[str, str] = field(default_factory=dict)  # APPLIED: path -> patched text
 
 
 def apply_variant(variant: PatchFile, texts: dict[str, str], reverse: bool = False) -> dict[str, str]:
@@ -47,19 +46,19 @@ def decide(patch: Patch, version: str, texts: dict[str, str]) -> Decision:
             continue
         try:
             apply_variant(variant, texts, reverse=True)
-            return Decision(UPSTREAM, f"torch {version} already has this change ({variant.path.name} reverse-applies)", variant)
+            return Decision(PatchState.UPSTREAM, f"torch {version} already has this change ({variant.path.name} reverse-applies)", variant)
         except HunkMismatch:
             pass
         if forward is None:
             try:
-                forward = Decision(APPLY, variant.path.name, variant, apply_variant(variant, texts))
+                forward = Decision(PatchState.APPLIED, variant.path.name, variant, apply_variant(variant, texts))
             except HunkMismatch:
                 pass
     if forward is not None:
         return forward
     fixed_in = patch.main.fields.get("Applied-Upstream", "") if patch.main else ""
     if fixed_in and parse_version(version) >= parse_version(fixed_in):
-        return Decision(UPSTREAM, f"fixed upstream in torch {fixed_in} (by a different change); not needed")
+        return Decision(PatchState.UPSTREAM, f"fixed upstream in torch {fixed_in} (by a different change); not needed")
     names = ", ".join(v.path.name for v in patch.variants)
     why = f"{', '.join(sorted(missing))} missing" if missing else "torch changed around the fix"
-    return Decision(DRIFT, f"no variant fits torch {version} ({names}): {why}")
+    return Decision(PatchState.DRIFT, f"no variant fits torch {version} ({names}): {why}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ._patchfile import FileDiff
 
-__all__ = ["HunkMismatch", "apply_file_diff", "applies"]
+__all__ = ["HunkMismatch", "apply_file_diff"]
 
 
 class HunkMismatch(Exception):
@@ -54,11 +54,3 @@ def apply_file_diff(text: str, diff: FileDiff, reverse: bool = False) -> str:
         pos = found + len(before)
     out.extend(lines[pos:])
     return "\n".join(out) + ("\n" if ends_with_newline else "")
-
-
-def applies(text: str, diff: FileDiff, reverse: bool = False) -> bool:
-    try:
-        apply_file_diff(text, diff, reverse)
-    except HunkMismatch:
-        return False
-    return True

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._state import Target
+
 __all__ = ["FileDiff", "Hunk", "PatchFile", "PatchParseError", "parse_patch"]
 
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -61,13 +63,8 @@ class FileDiff:
     hunks: tuple[Hunk, ...]
 
     @property
-    def module(self) -> str:
-        """Dotted module name of a Python file under the torch tree."""
-        stem = self.path[: -len(".py")] if self.path.endswith(".py") else self.path
-        parts = stem.split("/")
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        return ".".join(parts)
+    def target(self) -> Target:
+        return Target.from_path(self.path)
 
 
 @dataclass
@@ -86,10 +83,6 @@ class PatchFile:
     @property
     def title(self) -> str:
         return re.sub(r"^\[PATCH[^\]]*\]\s*", "", self.subject)
-
-    def field_list(self, name: str) -> list[str]:
-        raw = self.fields.get(name, "")
-        return [item.strip() for item in raw.split(",") if item.strip()]
 
 
 def _strip_prefix(path: str, lineno: int, source: Path) -> str:

@@ -6,7 +6,7 @@ import json
 import shutil
 import textwrap
 
-from ._engine import PatchStatus
+from ._state import PatchStatus
 
 __all__ = ["format_status", "format_table", "short_bug", "to_json"]
 
@@ -54,7 +54,10 @@ def short_bug(urls: str) -> str:
 
 def format_status(rows: list[PatchStatus]) -> str:
     """One line per patch (id, state, bug, target), then its title and why, indented."""
-    table = [[r.id, r.state, short_bug(r.bug), ", ".join(r.targets)] for r in rows]
+    table = [
+        [r.id, f"{r.state} ({r.mode})" if r.mode else str(r.state), short_bug(r.bug), ", ".join(t.path for t in r.targets)]
+        for r in rows
+    ]
     widths = [max([len(h)] + [len(t[i]) for t in table]) for i, h in enumerate(("ID", "STATE", "BUG", "TARGET"))]
     width = shutil.get_terminal_size((120, 24)).columns - 8
     lines = ["  ".join(h.ljust(w) for h, w in zip(("ID", "STATE", "BUG", "TARGET"), widths)).rstrip()]

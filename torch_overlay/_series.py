@@ -6,9 +6,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._patchfile import PatchFile, PatchParseError, parse_patch
+from ._state import Target
 from ._versions import version_in
 
-__all__ = ["Patch", "read_series"]
+__all__ = ["Patch", "SeriesError", "read_series"]
+
+
+class SeriesError(Exception):
+    """The series cannot be read: no such folder, no ``series`` file in it, or an empty one."""
 
 
 @dataclass
@@ -24,20 +29,12 @@ class Patch:
         return self.variants[0] if self.variants else None
 
     @property
-    def targets(self) -> list[str]:
-        """Module names of every file any variant touches, in first-seen order."""
-        seen: dict[str, None] = {}
+    def targets(self) -> list[Target]:
+        """Every file any variant touches, in first-seen order."""
+        seen: dict[Target, None] = {}
         for variant in self.variants:
             for diff in variant.files:
-                seen.setdefault(diff.module, None)
-        return list(seen)
-
-    @property
-    def target_paths(self) -> list[str]:
-        seen: dict[str, None] = {}
-        for variant in self.variants:
-            for diff in variant.files:
-                seen.setdefault(diff.path, None)
+                seen.setdefault(diff.target, None)
         return list(seen)
 
     def ordered_variants(self, torch_version: str) -> list[PatchFile]:
@@ -60,10 +57,16 @@ def _id_from_filename(name: str) -> str:
 
 
 def read_series(patches_dir: Path) -> list[Patch]:
-    """Parse the series; a malformed entry becomes a Patch with ``error`` set, others still load."""
+    """Parse the series; a malformed entry becomes a Patch with ``error`` set, others still load.
+
+    Raise :class:`SeriesError` when there is no series to read: a patch set that silently loads
+    nothing would look like a torch that needs no fix.
+    """
     series = patches_dir / "series"
+    if not patches_dir.is_dir():
+        raise SeriesError(f"the patch folder {patches_dir} does not exist or is not a folder")
     if not series.is_file():
-        return []
+        raise SeriesError(f"{series} does not exist")
     patches: dict[str, Patch] = {}
     for lineno, raw in enumerate(series.read_text(encoding="utf-8").splitlines(), 1):
         name = raw.split("#", 1)[0].strip()
@@ -80,4 +83,6 @@ def read_series(patches_dir: Path) -> list[Patch]:
             continue
         patch = patches.setdefault(parsed.id, Patch(parsed.id))
         patch.variants.append(parsed)
+    if not patches:
+        raise SeriesError(f"{series} lists no patches")
     return list(patches.values())

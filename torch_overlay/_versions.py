@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["parse_version", "torch_root", "torch_version", "version_in"]
+__all__ = ["find_file", "parse_version", "torch_root", "torch_version", "version_in"]
 
 Version = tuple[int, int, int]
 
@@ -65,3 +65,23 @@ def version_in(version: str | Version, spec: str) -> bool:
         if not ok:
             return False
     return True
+
+
+def find_file(path: str, module: str) -> Path | None:
+    """The file that defines ``module`` (torch-relative ``path``), found without importing anything.
+
+    The deepest package of ``module`` already imported decides (its ``__path__``); with none, the
+    folder that holds the ``torch`` package.
+    """
+    parts = module.split(".")
+    rel = path.split("/")
+    for depth in range(len(parts) - 1, 0, -1):
+        package = sys.modules.get(".".join(parts[:depth]))
+        if package is not None and hasattr(package, "__path__"):
+            for base in package.__path__:
+                candidate = Path(base, *rel[depth:])
+                if candidate.is_file():
+                    return candidate
+            return None
+    candidate = torch_root() / path
+    return candidate if candidate.is_file() else None

@@ -78,7 +78,7 @@ def _state(overlay, pid):
     return {s.id: s for s in overlay.status()}[pid]
 
 
-def test_lazy_apply_swaps_functions_methods_closures_and_aliases(sandbox, config, overlays):
+def test_applies_at_import_and_runs_the_patched_source(sandbox, config, overlays):
     name, path = sandbox.module(MODULE)
     sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
     overlay = overlays(config())
@@ -88,39 +88,20 @@ def test_lazy_apply_swaps_functions_methods_closures_and_aliases(sandbox, config
 
     mod = importlib.import_module(name)
     st = _state(overlay, "fix")
-    assert st.state == "applied", st.reason
-    alias = mod.REGISTRY["answer"]  # a registry holding the function object
-    assert mod.answer() == 42 and alias() == 42
-    assert mod.ADD_TWO(1) == 103  # a closure created before the patch
-    assert mod.make_adder(1)(1) == 102
-    assert mod.Widget().size() == 2
-    assert mod.Widget().label == "new"
+    assert (st.state, st.mode) == ("applied", "at import"), st.reason
+    assert mod.REGISTRY["answer"]() == 42 and mod.answer() == 42
+    assert mod.ADD_TWO(1) == 103 and mod.make_adder(1)(1) == 102
+    assert mod.Widget().size() == 2 and mod.Widget().label == "new"
     assert mod.helper() == "new" and mod.cached() == "new"
-    # Tracebacks and inspect show the patched lines, under a name that says where they came from.
-    assert "[torch_overlay:fix]" in mod.answer.__code__.co_filename
+    # The module is the installed file, running the patched text; inspect shows that text.
+    assert mod.__file__ == str(sandbox.pkg / path.split("/")[-1])
+    assert mod.answer.__code__.co_filename == mod.__file__
     assert "return 42" in inspect.getsource(mod.answer)
     assert "return x + k + 100" in inspect.getsource(mod.ADD_TWO)
-
-    overlay.revert()
-    assert mod.answer() == 41 and alias() == 41
-    assert mod.ADD_TWO(1) == 3 and mod.Widget().size() == 1 and mod.Widget().label == "old"
-    assert mod.cached() == "old" and not hasattr(mod, "helper")
-    assert _state(overlay, "fix").state == "disabled"
-
-
-def test_already_imported_module_is_patched_at_activation(sandbox, config, overlays):
-    name, path = sandbox.module(MODULE)
-    mod = importlib.import_module(name)
-    cached_before = mod.cached()  # fills the lru cache with the old result
-    assert cached_before == "old"
-    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
-    overlay = overlays(config())
-    overlay.activate()
-    assert _state(overlay, "fix").state == "applied"
-    assert mod.cached() == "new"  # the lru cache around a swapped function was cleared
-    overlay.activate()  # idempotent
-    overlay._apply(overlay._entries[0])
-    assert mod.answer() == 42 and mod.ADD_TWO(0) == 102
+    assert "def helper" in inspect.getsource(mod)
+    assert st.reason == "0001-fix.patch: answer, make_adder.<locals>.add, Widget.size, Widget.label, cached, helper"
+    # The original loader is back on the module (pkgutil, inspect and importlib.resources look at it).
+    assert type(mod.__loader__).__name__ == "SourceFileLoader" and mod.__spec__.loader is mod.__loader__
 
 
 def test_offsets_are_allowed(sandbox, config, overlays):
@@ -139,7 +120,7 @@ def test_upstream_when_reverse_applies(sandbox, config, overlays):
     mod = importlib.import_module(name)
     st = _state(overlay, "fix")
     assert st.state == "upstream" and "reverse-applies" in st.reason
-    assert "[torch_overlay" not in mod.answer.__code__.co_filename
+    assert not overlay.is_patched(mod.answer)
 
 
 def test_drift_warns_and_leaves_torch_untouched(sandbox, config, overlays):
@@ -197,24 +178,35 @@ def test_variant_for_the_installed_torch_is_chosen(sandbox, config, overlays):
     assert _state(overlay, "fix").variant == "0001-fix@2.0.patch"
 
 
-def test_multi_file_patch_is_atomic(sandbox, config, overlays):
+def test_multi_file_patch_is_all_or_nothing_at_import(sandbox, config, overlays):
+    other = "def g():\n    return 1\n"
     name_a, path_a = sandbox.module(MODULE)
-    name_b, path_b = sandbox.module("def g():\n    return 1\n\n\nVALUE = 1\n")
-    bad_b = "def g():\n    return 1\n\n\nVALUE = 2\n"  # a module-level change: refused
-    patch = make_patch(
-        "two-files",
-        [make_diff(path_a, MODULE, PATCHED), make_diff(path_b, "def g():\n    return 1\n\n\nVALUE = 1\n", bad_b)],
-    )
+    name_b, path_b = sandbox.module(other)
+    broken = "def g():\n    return (1\n"  # does not compile
+    patch = make_patch("two-files", [make_diff(path_a, MODULE, PATCHED), make_diff(path_b, other, broken)])
     sandbox.series(("0001-two-files.patch", patch))
     overlay = overlays(config())
     overlay.activate()
-    mod_a = importlib.import_module(name_a)
-    assert _state(overlay, "two-files").state == "pending"  # waits for its second module
     with pytest.warns(UserWarning, match="failed"):
-        importlib.import_module(name_b)
+        mod_a = importlib.import_module(name_a)
     st = _state(overlay, "two-files")
-    assert st.state == "failed" and "module-level code" in st.reason
-    assert mod_a.answer() == 41  # nothing half applied
+    assert st.state == "failed" and "does not compile" in st.reason
+    assert mod_a.answer() == 41 and importlib.import_module(name_b).g() == 1  # nothing half applied
+
+
+def test_multi_file_patch_is_decided_once_and_applies_to_each_module_at_its_import(sandbox, config, overlays):
+    other = "def g():\n    return 1\n"
+    name_a, path_a = sandbox.module(MODULE)
+    name_b, path_b = sandbox.module(other)
+    patch = make_patch("two-files", [make_diff(path_a, MODULE, PATCHED), make_diff(path_b, other, other.replace("1", "2"))])
+    sandbox.series(("0001-two-files.patch", patch))
+    overlay = overlays(config())
+    overlay.activate()
+    assert importlib.import_module(name_a).answer() == 42
+    st = _state(overlay, "two-files")
+    assert st.state == "pending" and st.reason == f"applies at import of {name_b}"
+    assert importlib.import_module(name_b).g() == 2
+    assert _state(overlay, "two-files").state == "applied"
 
 
 def test_patch_series_stacks_on_one_module(sandbox, config, overlays):
@@ -230,8 +222,7 @@ def test_patch_series_stacks_on_one_module(sandbox, config, overlays):
     mod = importlib.import_module(name)
     assert [s.state for s in overlay.status()] == ["applied", "applied"]
     assert mod.answer() == 42 and mod.Widget().size() == 2
-    assert "[torch_overlay:one]" in mod.answer.__code__.co_filename
-    assert "[torch_overlay:two]" in mod.Widget.size.__code__.co_filename
+    assert [s.reason for s in overlay.status()] == ["0001-one.patch: answer", "0002-two.patch: Widget.size"]
 
 
 def test_traceback_shows_patched_line(sandbox, config, overlays):
@@ -245,31 +236,28 @@ def test_traceback_shows_patched_line(sandbox, config, overlays):
         mod.boom()
     except ValueError:
         text = traceback.format_exc()
-    assert "raise ValueError('patched', x)" in text and "[torch_overlay:fix]" in text
+    assert "raise ValueError('patched', x)" in text and mod.__file__ in text
 
 
-def test_compile_cache_key_is_salted_and_restored(sandbox, config, overlays):
+def test_compile_cache_key_is_salted_and_keeps_the_users_tag(sandbox, config, overlays, monkeypatch):
+    monkeypatch.setattr(compiler_config, "cache_key_tag", "mine")
     name, path = sandbox.module(MODULE)
-    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
-    before = compiler_config.cache_key_tag
+    other = "def g():\n    return 1\n"
+    name_b, path_b = sandbox.module(other)
+    sandbox.series(
+        ("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])),
+        ("0002-two.patch", make_patch("two", [make_diff(path_b, other, other.replace("1", "2"))])),
+    )
     overlay = overlays(config())
     overlay.activate()
     importlib.import_module(name)
-    assert "torch_overlay:fix@" in compiler_config.cache_key_tag
-    overlay.revert()
-    assert compiler_config.cache_key_tag == before
-
-
-def test_patched_code_is_cached_on_disk(tmp_path, monkeypatch):
-    from torch_overlay import _codeswap
-
-    monkeypatch.setenv("TORCH_OVERLAY_CACHE_DIR", str(tmp_path))
-    first = _codeswap._compile_patched_cached("m", MODULE, PATCHED, "m.py[torch_overlay:fix]")
-    (entry,) = (tmp_path / "code").iterdir()
-    monkeypatch.setattr(_codeswap, "_compile_patched", None)  # a second call must not compile
-    second = _codeswap._compile_patched_cached("m", MODULE, PATCHED, "m.py[torch_overlay:fix]")
-    assert entry.suffix == ".marshal"
-    assert second[0] == first[0] and [n for _, n, _ in second[1]] == [["helper"]]
+    first = compiler_config.cache_key_tag
+    assert first.startswith("mine|") and "torch_overlay:fix@" in first
+    compiler_config.cache_key_tag = "theirs"  # the user sets a new tag after a patch applied
+    importlib.import_module(name_b)  # a later patch applies: the user's tag stays, with the salt
+    tag = compiler_config.cache_key_tag
+    assert tag.startswith("theirs|") and "torch_overlay:fix@" in tag and "torch_overlay:two@" in tag
+    assert "mine" not in tag
 
 
 def test_new_definitions_keep_the_modules_future_imports(sandbox, config, overlays):

@@ -22,7 +22,7 @@ def test_fields_description_and_hunks(tmp_path):
     assert patch.fields["Applied-Upstream"] == "2.13.0"
     assert patch.description == "Test fixture."
     assert [d.path for d in patch.files] == ["torch/a.py", "torch/b/__init__.py"]
-    assert [d.module for d in patch.files] == ["torch.a", "torch.b"]
+    assert [d.target.module for d in patch.files] == ["torch.a", "torch.b"]
     (hunk,) = patch.files[0].hunks
     assert hunk.side() == (["def f():", "    return 1"], ["def f():", "    return 2"])
     assert hunk.side(reverse=True) == (["def f():", "    return 2"], ["def f():", "    return 1"])

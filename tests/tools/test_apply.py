@@ -111,7 +111,7 @@ def test_series_grows_with_overlapping_patch(release, checkout, build_cli, tmp_p
 @pytest.mark.parametrize("release", VERSIONS)
 def test_refuses_dirty_tree(release, checkout, build_cli):
     src = checkout(release)
-    touched = {p for patch in load_series(PATCHES) for p in patch.target_paths}
+    touched = {p for patch in load_series(PATCHES) for p in (t.path for t in patch.targets)}
     other = "torch/_VF.py"
     assert other not in touched
     with (src / other).open("a") as f:

@@ -80,7 +80,7 @@ def _fake_installed_torch(torch, site: Path) -> str:
     dist_version = re.search(r"^Version: *(\S+)", metadata.read_text(), re.M).group(1)
     files = {"torch/__init__.py": b"", "torch/version.py": (torch.site / "torch/version.py").read_bytes()}
     for patch in read_series(PATCHES):
-        for path in patch.target_paths:
+        for path in (t.path for t in patch.targets):
             if (torch.site / path).is_file():
                 files[path] = (torch.site / path).read_bytes()
     files["torch/__pycache__/version.cpython-311.pyc"] = b"bytecode"
@@ -138,7 +138,7 @@ def test_rebuild_from_installed_files_matches_apply(release, checkout, build_cli
         f"__version__ = '{overlay_version(torch.version, len(plan.applying))}'" in members["torch/version.py"].decode()
     )
     assert apply_rc == 0
-    for path in {p for patch in read_series(PATCHES) for p in patch.target_paths}:
+    for path in {p for patch in read_series(PATCHES) for p in (t.path for t in patch.targets)}:
         if path in members:
             assert members[path].decode() == (src / path).read_text(), path
 

@@ -10,17 +10,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._decide import APPLY, apply_variant, decide, DRIFT, UPSTREAM
+from .._decide import apply_variant, decide
 from .._patchfile import PatchFile
-from .._series import Patch, read_series
+from .._series import Patch, read_series, SeriesError
+from .._state import PatchState
 from . import BuildError
 
-__all__ = ["APPLY", "DRIFT", "UPSTREAM", "Plan", "Step", "apply_variant", "load_series", "plan_series", "series_hash"]
+__all__ = ["Plan", "PatchState", "Step", "apply_variant", "load_series", "plan_series", "series_hash"]
 
 @dataclass
 class Step:
     patch: Patch
-    state: str  # APPLY, UPSTREAM or DRIFT
+    state: PatchState  # APPLIED (the diff applies), UPSTREAM or DRIFT
     reason: str
     variant: PatchFile | None = None  # the variant that applies / reverse-applies
 
@@ -34,15 +35,15 @@ class Plan:
     version: str
     steps: list[Step]
     before: dict[str, str]  # path -> text as read (missing files absent)
-    after: dict[str, str] = field(default_factory=dict)  # with every APPLY step applied, in order
+    after: dict[str, str] = field(default_factory=dict)  # with every applied step, in order
 
     @property
     def applying(self) -> list[Step]:
-        return [s for s in self.steps if s.state == APPLY]
+        return [s for s in self.steps if s.state == PatchState.APPLIED]
 
     @property
     def drifted(self) -> list[Step]:
-        return [s for s in self.steps if s.state == DRIFT]
+        return [s for s in self.steps if s.state == PatchState.DRIFT]
 
     @property
     def changed(self) -> list[str]:
@@ -51,12 +52,13 @@ class Plan:
 
 def load_series(patches_dir: Path) -> list[Patch]:
     """The series, refusing a malformed or empty one (the build forms cannot skip a patch)."""
-    patches = read_series(patches_dir)
+    try:
+        patches = read_series(patches_dir)
+    except SeriesError as exc:
+        raise BuildError(str(exc)) from None
     bad = [f"{p.id}: {p.error}" for p in patches if p.error]
     if bad:
         raise BuildError("malformed patch in the series:\n  " + "\n  ".join(bad))
-    if not patches:
-        raise BuildError(f"no patches listed in {patches_dir / 'series'}")
     return patches
 
 
@@ -78,7 +80,7 @@ def plan_series(patches: list[Patch], version: str, read: Callable[[str], str | 
     """Walk the series over the texts ``read(path)`` returns (None: no such file)."""
     before: dict[str, str] = {}
     for patch in patches:
-        for path in patch.target_paths:
+        for path in (t.path for t in patch.targets):
             text = read(path)
             if text is not None:
                 before[path] = text
@@ -86,7 +88,7 @@ def plan_series(patches: list[Patch], version: str, read: Callable[[str], str | 
     steps = []
     for patch in patches:
         step = _decide(patch, version, texts)
-        if step.state == APPLY:
+        if step.state == PatchState.APPLIED:
             texts = apply_variant(step.variant, texts)
         steps.append(step)
     return Plan(version, steps, before, texts)

@@ -15,7 +15,7 @@ from typing import TextIO
 from .._hunks import HunkMismatch
 from . import BuildError
 from ._checkout import Checkout, open_checkout
-from ._plan import DRIFT, UPSTREAM, Plan, Step, apply_variant, load_series, plan_series
+from ._plan import PatchState, Plan, Step, apply_variant, load_series, plan_series
 
 __all__ = ["run_apply"]
 
@@ -82,7 +82,7 @@ def run_apply(
     out = out or sys.stdout
     checkout = open_checkout(src)
     patches = load_series(patches_dir)
-    touched = {p for patch in patches for p in patch.target_paths}
+    touched = {p for patch in patches for p in (t.path for t in patch.targets)}
     _refuse_dirty(checkout, touched)
     plan = plan_series(patches, checkout.version, checkout.head_text)
     work = {p: checkout.work_text(p) for p in plan.before}
@@ -94,11 +94,11 @@ def run_apply(
     )
     rows: list[tuple[str, Step, str]] = []
     for step in plan.steps:
-        if step.state == UPSTREAM:
+        if step.state == PatchState.UPSTREAM:
             rows.append(
                 ("upstream", step, step.reason if not reverse else f"part of this PyTorch, left alone: {step.reason}")
             )
-        elif step.state == DRIFT:
+        elif step.state == PatchState.DRIFT:
             rows.append(("drift", step, step.reason))
         elif step in present and not reverse:
             rows.append(("upstream", step, f"already applied to the working tree ({step.variant.path.name})"))

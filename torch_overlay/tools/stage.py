@@ -18,7 +18,7 @@ from typing import TextIO
 from .._patchfile import PatchFile
 from . import BuildError
 from ._checkout import Checkout, open_checkout
-from ._plan import UPSTREAM, Step, apply_variant, load_series, plan_series, series_hash
+from ._plan import PatchState, Step, apply_variant, load_series, plan_series, series_hash
 from ._testfile import merge_test, reproducer_names, strip_plumbing
 
 __all__ = ["StagedPatch", "commit_message", "pr_body", "run_stage"]
@@ -153,7 +153,7 @@ def run_stage(
         )
     plan = plan_series(patches, checkout.version, checkout.head_text)
     for step in plan.steps:
-        if step.state == UPSTREAM:
+        if step.state == PatchState.UPSTREAM:
             out.write(f"  skip      {step.patch.id}  (upstream: {step.reason})\n")
     if plan.drifted:
         raise BuildError(

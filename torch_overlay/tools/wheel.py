@@ -29,7 +29,7 @@ from typing import TextIO
 
 from .._versions import torch_root
 from . import BuildError
-from ._plan import APPLY, Plan, load_series, plan_series
+from ._plan import PatchState, Plan, load_series, plan_series
 
 __all__ = ["find_torch_wheels", "overlay_version", "record_line", "run_wheel", "wheel_search_dirs"]
 
@@ -249,7 +249,7 @@ def run_wheel(wheel: Path | None, out_dir: Path, patches_dir: Path, *, out: Text
             f"wheel: {len(patches)} patch(es) from {patches_dir} on torch {source.version} ({source.description})\n"
         )
         for step in plan.steps:
-            state = "applied" if step.state == APPLY else step.state
+            state = step.state
             out.write(f"  {state:<8}  {step.patch.id}  ({step.reason})\n")
         if plan.drifted:
             raise BuildError(

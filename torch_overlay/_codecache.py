@@ -1,0 +1,140 @@
+"""An on-disk cache of code compiled from patched sources, like ``__pycache__``.
+
+Loading an entry executes it inside torch, so an entry is read only from a folder that this user
+owns and nobody else can write to, and only if it verifies: each file carries a digest of the key
+it was written for and of its payload. Anything else is ignored (a folder) or deleted and rebuilt
+(an entry); a cache that cannot be used only costs compile time.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import stat
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ._state import OverlayWarning
+
+__all__ = ["CodeCache"]
+
+T = TypeVar("T")
+
+# Part of every key and of the file header: bump it when what callers store changes shape.
+FORMAT = b"torch_overlay code cache 3\n"
+_DIGEST = 32  # sha256
+
+
+def _safe_stat(st: os.stat_result) -> bool:
+    """Owned by this user and not writable by group or others."""
+    return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+class CodeCache:
+    """``load_or_build(key, build, check)``: a marshal-able value cached under ``folder``."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder  # None: no disk cache
+        self._usable: bool | None = None
+
+    def _ready(self) -> bool:
+        """Create the folder (0700) or accept an existing one that only this user can write."""
+        if self._usable is None:
+            self._usable = self.folder is not None and self._prepare(self.folder)
+        return self._usable
+
+    def _prepare(self, folder: Path) -> bool:
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            unsafe = [p for p in (folder.parent, folder) if not _safe_stat(os.lstat(p)) or p.is_symlink()]
+        except OSError:
+            return False
+        if unsafe:
+            warnings.warn(
+                f"torch_overlay: the code cache folder {unsafe[0]} is not owned by this user or is writable "
+                "by others; it is not used (patched code is compiled in memory). Set "
+                "TORCH_OVERLAY_CACHE_DIR to a private folder.",
+                OverlayWarning,
+                stacklevel=4,
+            )
+            return False
+        return True
+
+    def load_or_build(self, key: str, build: Callable[[], T], check: Callable[[Any], bool]) -> T:
+        """The cached value for ``key`` if it verifies and passes ``check``, else ``build()`` (stored)."""
+        if not self._ready():
+            return build()
+        assert self.folder is not None
+        import hashlib  # here, not at import: `import torch_overlay` stays light
+
+        key_digest = hashlib.sha256(FORMAT + key.encode()).digest()
+        path = self.folder / f"{key_digest.hex()[:40]}.marshal"
+        value = self._read(path, key_digest, check)
+        if value is not None:
+            return value[0]
+        value = build()
+        self._write(path, key_digest, value)
+        return value
+
+    def _read(self, path: Path, key_digest: bytes, check: Callable[[Any], bool]) -> tuple[Any] | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return None  # absent (or a symlink someone planted)
+        try:
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode) or not _safe_stat(st):
+                    return None
+                data = f.read()
+        except OSError:
+            return None
+        import hashlib
+
+        head = len(FORMAT)
+        payload = data[head + 2 * _DIGEST :]
+        try:
+            if (
+                data[:head] != FORMAT
+                or data[head : head + _DIGEST] != key_digest
+                or data[head + _DIGEST : head + 2 * _DIGEST] != hashlib.sha256(payload).digest()
+            ):
+                raise ValueError("digest mismatch")
+            value = marshal.loads(payload)
+            if not check(value):
+                raise ValueError("unexpected shape")
+        except (ValueError, EOFError, TypeError):
+            self._discard(path)
+            return None
+        return (value,)
+
+    def _write(self, path: Path, key_digest: bytes, value: object) -> None:
+        try:
+            payload = marshal.dumps(value)
+        except ValueError:
+            return
+        import hashlib
+        import tempfile
+
+        tmp = None
+        try:
+            # mkstemp: O_EXCL in our own folder, so a planted name is never followed or overwritten.
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=path.stem, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(FORMAT + key_digest + hashlib.sha256(payload).digest() + payload)
+            os.replace(tmp, path)
+            tmp = None
+        except OSError:
+            pass  # a full or read-only disk only costs compile time
+        finally:
+            if tmp is not None:
+                self._discard(Path(tmp))
+
+    @staticmethod
+    def _discard(path: Path) -> None:
+        try:
+            path.unlink()
+        except OSError:
+            pass

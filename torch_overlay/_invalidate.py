@@ -1,0 +1,79 @@
+"""Keep torch's caches honest after code changed under them."""
+
+from __future__ import annotations
+
+import sys
+
+from ._importhook import ImportHook
+
+__all__ = ["CompileCacheSalt", "clear_dtensor_caches", "touches_dtensor"]
+
+_DTENSOR_PREFIX = "torch.distributed.tensor."
+COMPILER_CONFIG = "torch.compiler.config"
+
+
+def touches_dtensor(modules: list[str]) -> bool:
+    return any(m.startswith(_DTENSOR_PREFIX) for m in modules)
+
+
+def clear_dtensor_caches() -> None:
+    """Drop memoized sharding propagation (the Python LRU and the C++ fast path).
+
+    Same steps as ``torch.distributed.tensor.debug._clear_sharding_prop_cache``, without importing
+    that package, which may still be initializing when a strategy module is patched.
+    """
+    api = sys.modules.get("torch.distributed.tensor._api")
+    dtensor = getattr(api, "DTensor", None)
+    if dtensor is None:
+        return  # DTensor not defined yet: nothing has been propagated, so nothing is cached
+    propagator = dtensor._op_dispatcher.sharding_propagator
+    clear = getattr(propagator.propagate_op_sharding, "cache_clear", None)
+    if clear is not None:
+        clear()
+    torch_c = sys.modules["torch"]._C
+    clear_fast_path = getattr(torch_c, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear_fast_path is not None:
+        clear_fast_path()
+
+
+class CompileCacheSalt:
+    """Fold the applied patches into ``torch.compiler.config.cache_key_tag``.
+
+    The tag is part of the FX graph cache and AOTAutogradCache keys, so a graph compiled before a
+    patch was applied (or by a process without it) is never reused by a process that has it. The
+    user's own tag is kept: the salt is appended to it, and a tag the user set since is taken as the
+    new user part. The config module is never imported here (a patch may apply while torch is
+    still initializing); the salt is written when it is.
+    """
+
+    def __init__(self, hook: ImportHook) -> None:
+        self._hook = hook
+        self._salt = ""
+        self._written: str | None = None  # the tag as we last wrote it
+        self._user = ""
+        self._waiting = False
+
+    @property
+    def salt(self) -> str:
+        return self._salt
+
+    def set(self, salt: str) -> None:
+        self._salt = salt
+        if not self._write() and not self._waiting:
+            self._waiting = True
+            self._hook.on_import(COMPILER_CONFIG, lambda _: self._write())
+
+    def _write(self) -> bool:
+        cconfig = sys.modules.get(COMPILER_CONFIG)
+        if cconfig is None or getattr(getattr(cconfig, "__spec__", None), "_initializing", False):
+            return False
+        current = cconfig.cache_key_tag or ""
+        if current != self._written:
+            # First write, or the user changed the tag: all of it but our old salt is theirs.
+            parts = current.split("|") if current else []
+            old = set(self._written.split("|")) - set(self._user.split("|")) if self._written else set()
+            self._user = "|".join(p for p in parts if p not in old)
+        tag = "|".join(p for p in (self._user, self._salt) if p)
+        cconfig.cache_key_tag = tag
+        self._written = tag
+        return True

@@ -1,0 +1,119 @@
+"""Compile a module's patched source to run as that module's code, and say what each patch changed."""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import linecache
+import sys
+import types
+from dataclasses import dataclass
+
+from ._codecache import CodeCache
+
+__all__ = ["ModuleCode", "compile_module", "MODULE_LEVEL"]
+
+MODULE_LEVEL = "<module>"
+
+
+@dataclass
+class ModuleCode:
+    code: types.CodeType
+    changed: dict[str, list[str]]  # patch id -> qualnames its hunks touch (MODULE_LEVEL outside defs)
+    filename: str
+    text: str
+
+    def register_source(self) -> None:
+        """Tracebacks, ``inspect.getsource`` and debuggers read the patched text for this file."""
+        # mtime None: linecache.checkcache keeps the entry (the file on disk has other text).
+        linecache.cache[self.filename] = (len(self.text), None, self.text.splitlines(True), self.filename)
+
+    def patched_codes(self) -> list[types.CodeType]:
+        """The code objects (functions, methods, classes) some patch changed."""
+        names = {q for qs in self.changed.values() for q in qs}
+        found: list[types.CodeType] = []
+
+        def walk(code: types.CodeType) -> None:
+            for const in code.co_consts:
+                if isinstance(const, types.CodeType):
+                    if const.co_qualname in names:
+                        found.append(const)
+                    walk(const)
+
+        walk(self.code)
+        return found
+
+
+def _qualnames_by_line(tree: ast.Module) -> list[tuple[int, int, str]]:
+    """(first line, last line, qualname) of every def and class, as CPython names them."""
+    spans: list[tuple[int, int, str]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                qualname = prefix + child.name
+                first = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                spans.append((first, child.end_lineno or child.lineno, qualname))
+                visit(child, qualname + ("." if isinstance(child, ast.ClassDef) else ".<locals>."))
+            elif isinstance(child, (ast.stmt, ast.excepthandler)):
+                visit(child, prefix)
+
+    visit(tree, "")
+    return spans
+
+
+def _changed_qualnames(before: str, after: str, tree: ast.Module) -> list[str]:
+    """Innermost def/class around each line ``after`` adds or replaces (or where it deletes)."""
+    old, new = before.splitlines(), after.splitlines()
+    lines: set[int] = set()
+    for tag, _, _, j1, j2 in difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes():
+        if tag != "equal":
+            lines.update(range(j1 + 1, max(j2, j1 + 1) + 1))
+    spans = _qualnames_by_line(tree)
+    out: dict[str, None] = {}
+    for line in sorted(lines):
+        text = new[line - 1].strip() if line <= len(new) else ""
+        if not text or text.startswith("#"):
+            continue  # blank lines and comments change no code
+        inside = [s for s in spans if s[0] <= line <= s[1]]
+        out.setdefault(max(inside, key=lambda s: s[0])[2] if inside else MODULE_LEVEL, None)
+    # A function and closures inside it: the function says it.
+    return [q for q in out if not any(q.startswith(f"{p}.<locals>.") for p in out)]
+
+
+def _build(module_name: str, filename: str, base: str, steps: list[tuple[str, str]]) -> tuple[types.CodeType, dict]:
+    changed: dict[str, list[str]] = {}
+    before = base
+    tree = None
+    for pid, text in steps:
+        tree = ast.parse(text, filename)
+        changed[pid] = changed.get(pid, []) + [
+            q for q in _changed_qualnames(before, text, tree) if q not in changed.get(pid, [])
+        ]
+        before = text
+    assert tree is not None
+    return compile(tree, filename, "exec", dont_inherit=True), changed
+
+
+def _is_module_code(value: object) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], types.CodeType)
+        and isinstance(value[1], dict)
+        and all(isinstance(k, str) and isinstance(v, list) for k, v in value[1].items())
+    )
+
+
+def compile_module(
+    cache: CodeCache, module_name: str, filename: str, base: str, steps: list[tuple[str, str]]
+) -> ModuleCode:
+    """Code for ``steps[-1]``'s text (each step: a patch id and the text after it), cached on disk."""
+
+    def digest(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    key = "\0".join(("module", sys.version, module_name, filename, digest(base), *(f"{p}:{digest(t)}" for p, t in steps)))
+    code, changed = cache.load_or_build(key, lambda: _build(module_name, filename, base, steps), _is_module_code)
+    return ModuleCode(code, changed, filename, steps[-1][1])
