@@ -529,8 +529,15 @@ class Overlay:
 
     def is_patched(self, obj: object) -> bool:
         """Whether ``obj`` (a function, method or class) runs code a patch changed."""
-        codes = self._patched_codes()
-        return any(id(c) in codes for c in _codes_of(obj))
+        with self._lock:
+            codes = self._patched_codes()
+            if isinstance(obj, type):
+                component = self._by_module.get(obj.__module__)
+                plan = component.modules.get(obj.__module__) if component else None
+                if plan is not None and plan.code is not None:
+                    if any(obj.__qualname__ in names for names in plan.code.changed.values()):
+                        return True
+            return any(id(c) in codes for c in _codes_of(obj))
 
     def get_original(self, obj: Any) -> Any:
         """The function as torch ships it: ``obj`` itself when no patch changed it."""

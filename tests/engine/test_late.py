@@ -1,0 +1,146 @@
+"""The late path: a module imported before the overlay gets function code swapped, or nothing."""
+
+import importlib
+
+import pytest
+
+from ._fixtures import make_diff, make_patch
+from .test_apply import _state, MODULE, overlays, PATCHED  # noqa: F401  (overlays is a fixture)
+
+# A patch written the way upstream would: a new parameter, a dataclass field, a new method.
+SHAPED = """\
+import dataclasses
+
+
+@dataclasses.dataclass
+class Info:
+    name: str
+
+
+def describe(info):
+    return info.name
+
+
+class Box:
+    def get(self):
+        return 1
+"""
+SHAPED_PATCHED = """\
+import dataclasses
+
+
+@dataclasses.dataclass
+class Info:
+    name: str
+    replay: str | None = None
+
+
+def describe(info, verbose=False):
+    return f"{info.name}/{info.replay}" if verbose else info.name
+
+
+class Box:
+    def get(self):
+        return self.twice() // 2
+
+    def twice(self):
+        return 2
+"""
+
+
+def test_body_changes_are_swapped_into_every_alias(sandbox, config, overlays):
+    name, path = sandbox.module(MODULE)
+    mod = importlib.import_module(name)
+    alias = mod.REGISTRY["answer"]
+    closure = mod.ADD_TWO
+    assert mod.cached() == "old"  # fills the lru cache with the old result
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
+    overlay = overlays(config())
+    overlay.activate()
+    st = _state(overlay, "fix")
+    assert (st.state, st.mode) == ("applied", "swapped"), st.reason
+    assert mod.answer() == 42 and alias() == 42
+    assert closure(1) == 103 and mod.make_adder(1)(1) == 102  # a closure created before the patch
+    assert mod.Widget().size() == 2 and mod.Widget().label == "new"
+    assert mod.helper() == "new" and mod.cached() == "new"  # the lru cache was cleared
+    assert "[torch_overlay:fix]" in mod.answer.__code__.co_filename
+    assert overlay.is_patched(mod.answer) and overlay.is_patched(mod.Widget)
+    assert not overlay.is_patched(mod.register)
+    assert overlay.get_original(mod.answer)() == 41
+
+    assert overlay.revert() == []
+    assert mod.answer() == 41 and alias() == 41 and closure(1) == 3
+    assert mod.Widget().size() == 1 and mod.cached() == "old" and not hasattr(mod, "helper")
+    assert _state(overlay, "fix").state == "disabled"
+
+
+def test_a_shape_changing_patch_applies_at_import(sandbox, config, overlays):
+    name, path = sandbox.module(SHAPED)
+    sandbox.series(("0001-shaped.patch", make_patch("shaped", [make_diff(path, SHAPED, SHAPED_PATCHED)])))
+    overlay = overlays(config())
+    overlay.activate()
+    mod = importlib.import_module(name)
+    st = _state(overlay, "shaped")
+    assert (st.state, st.mode) == ("applied", "at import"), st.reason
+    # Behaves as the source-built module: run the patched text as a fresh module and compare.
+    built: dict = {"__name__": "built"}
+    exec(compile(SHAPED_PATCHED, "built.py", "exec"), built)
+    for ns in (vars(mod), built):
+        info = ns["Info"]("a", replay="r")
+        assert [f.name for f in __import__("dataclasses").fields(info)] == ["name", "replay"]
+        assert ns["describe"](info, verbose=True) == "a/r" and ns["describe"](info) == "a"
+        assert ns["Box"]().get() == 1 and ns["Box"]().twice() == 2
+    assert overlay.is_patched(mod.describe) and overlay.is_patched(mod.Info)
+    assert overlay.get_original(mod.describe)(mod.Info("x")) == "x"
+    # Executed at import: revert() cannot undo it and says so.
+    (line,) = overlay.revert()
+    assert "shaped" in line and "TORCH_OVERLAY_DISABLE=shaped" in line
+    assert _state(overlay, "shaped").state == "applied"
+
+
+def test_a_shape_changing_patch_after_a_late_import_fails_whole(sandbox, config, overlays):
+    name, path = sandbox.module(SHAPED)
+    mod = importlib.import_module(name)
+    sandbox.series(("0001-shaped.patch", make_patch("shaped", [make_diff(path, SHAPED, SHAPED_PATCHED)])))
+    overlay = overlays(config())
+    with pytest.warns(UserWarning, match="failed"):
+        overlay.activate()
+    st = _state(overlay, "shaped")
+    assert st.state == "failed"
+    assert st.reason.startswith(
+        f"{name} was imported before torch_overlay; import torch_overlay first or use the launcher"
+    )
+    assert mod.describe(mod.Info("x")) == "x" and not hasattr(mod.Box, "twice")  # untouched
+
+
+def test_multi_file_patch_with_one_late_module_is_all_or_nothing(sandbox, config, overlays):
+    other = "def g():\n    return 1\n"
+    name_a, path_a = sandbox.module(SHAPED)
+    name_b, path_b = sandbox.module(other)
+    mod_a = importlib.import_module(name_a)  # before the overlay; the patch changes its shapes
+    patch = make_patch(
+        "two-files", [make_diff(path_a, SHAPED, SHAPED_PATCHED), make_diff(path_b, other, other.replace("1", "2"))]
+    )
+    sandbox.series(("0001-two-files.patch", patch))
+    overlay = overlays(config())
+    with pytest.warns(UserWarning, match="failed"):
+        overlay.activate()
+    assert _state(overlay, "two-files").state == "failed"
+    assert importlib.import_module(name_b).g() == 1  # the other module runs its own code
+    assert not hasattr(mod_a.Box, "twice")
+
+
+def test_a_later_patch_is_decided_without_a_failed_one(sandbox, config, overlays):
+    # 0001 cannot be swapped in; 0002 (on the original text) still applies by itself.
+    name, path = sandbox.module(SHAPED)
+    mod = importlib.import_module(name)
+    body_only = SHAPED.replace("return 1", "return 3")
+    sandbox.series(
+        ("0001-shaped.patch", make_patch("shaped", [make_diff(path, SHAPED, SHAPED_PATCHED)])),
+        ("0002-body.patch", make_patch("body", [make_diff(path, SHAPED, body_only)])),
+    )
+    overlay = overlays(config())
+    with pytest.warns(UserWarning, match="failed"):
+        overlay.activate()
+    assert [s.state for s in overlay.status()] == ["failed", "applied"]
+    assert mod.Box().get() == 3

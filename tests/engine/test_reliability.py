@@ -1,0 +1,103 @@
+"""What the engine guarantees when things go wrong: reload, strict, missing targets, bad series."""
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torch_overlay._engine import Overlay
+from torch_overlay._state import OverlayError
+
+from ._fixtures import make_diff, make_patch
+from .test_apply import _state, MODULE, overlays, PATCHED  # noqa: F401  (overlays is a fixture)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_reload_runs_the_patched_source_again(sandbox, config, overlays):
+    name, path = sandbox.module(MODULE)
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
+    overlays(config()).activate()
+    mod = importlib.import_module(name)
+    assert importlib.reload(mod).answer() == 42
+
+
+def test_reload_of_a_swapped_module_keeps_the_fix(sandbox, config, overlays):
+    name, path = sandbox.module(MODULE)
+    mod = importlib.import_module(name)
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
+    overlay = overlays(config())
+    overlay.activate()
+    assert _state(overlay, "fix").mode == "swapped"
+    mod = importlib.reload(mod)
+    assert mod.answer() == 42 and mod.helper() == "new"
+    st = _state(overlay, "fix")
+    assert st.state == "applied" and "at import" in st.mode
+
+
+def test_strict_holds_for_every_import_attempt(sandbox, config, overlays):
+    name, path = sandbox.module(MODULE.replace("return 41", "return 40"))
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
+    overlays(config(strict=True)).activate()
+    for _ in range(2):
+        with pytest.raises(OverlayError, match="drift"):
+            importlib.import_module(name)
+        assert name not in sys.modules
+
+
+def test_a_target_that_does_not_exist_fails(sandbox, config, overlays):
+    patch = make_patch("ghost", [make_diff("torch/_ovt_no_such_module.py", "x = 1\n", "x = 2\n")])
+    sandbox.series(("0001-ghost.patch", patch))
+    overlay = overlays(config())
+    with pytest.warns(UserWarning, match="not found"):
+        overlay.activate()
+    st = _state(overlay, "ghost")
+    assert st.state == "failed" and "torch/_ovt_no_such_module.py not found" in st.reason
+
+
+def test_patched_source_that_raises_falls_back_to_the_original(sandbox, config, overlays):
+    src = "VALUE = 1\n\n\ndef f():\n    return VALUE\n"
+    bad = "VALUE = 1 // 0\n\n\ndef f():\n    return VALUE\n"
+    name, path = sandbox.module(src)
+    sandbox.series(("0001-bad.patch", make_patch("bad", [make_diff(path, src, bad)])))
+    overlay = overlays(config())
+    overlay.activate()
+    with pytest.warns(UserWarning, match="ZeroDivisionError"):
+        mod = importlib.import_module(name)
+    assert mod.f() == 1 and _state(overlay, "bad").state == "failed"
+
+
+@pytest.mark.parametrize("layout", ["missing", "file", "no-series", "empty-series"])
+def test_an_unreadable_series_warns_and_status_fails(tmp_path, layout):
+    where = tmp_path / "patches"
+    if layout == "file":
+        where.write_text("not a folder")
+    elif layout != "missing":
+        where.mkdir()
+        if layout == "empty-series":
+            (where / "series").write_text("# nothing\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_OVERLAY_PATCHES": str(where)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_overlay", "status", "--lazy"], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 1
+    assert str(where) in proc.stderr
+    strict = subprocess.run(
+        [sys.executable, "-c", "import torch_overlay"],
+        env={**env, "TORCH_OVERLAY_STRICT": "1"},
+        capture_output=True,
+        text=True,
+    )
+    assert strict.returncode == 1 and "OverlayError" in strict.stderr
+
+
+def test_an_unknown_disabled_id_warns_with_the_known_ids(sandbox, config):
+    name, path = sandbox.module(MODULE)
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
+    overlay = Overlay(config(disabled_ids=frozenset({"fxi"})))
+    with pytest.warns(UserWarning, match="unknown patch id.*fxi; known: fix"):
+        overlay.activate()
+    overlay.revert()
