@@ -1,4 +1,4 @@
-"""``python -m torch_overlay status|verify``."""
+"""``python -m torch_overlay status|verify|run``."""
 
 from __future__ import annotations
 
@@ -74,6 +74,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if broken else 0
 
 
+def main_run() -> int:
+    """The ``torch-overlay-run`` console script."""
+    from .launcher import main as launch
+
+    return launch(sys.argv[1:])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_overlay", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -86,6 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per reproducer run")
     p.set_defaults(func=cmd_verify)
+    sub.add_parser(
+        "run", help="[--check-ranks] -- CMD ...: run CMD with torch_overlay imported first in every Python process"
+    )
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"]:
+        from .launcher import main as launch  # its own options; everything after them is the command
+
+        return launch(argv[1:])
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,103 @@
+"""``python -m torch_overlay run``: jobs that never import torch_overlay get it in every process."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# No import of torch_overlay anywhere in the job's code.
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    early = "torch_overlay" in sys.modules  # before any of this script's imports
+    import torch.distributed as dist
+    import torch._functorch.aot_autograd  # noqa: F401  (imports the AOTAutograd patch targets)
+
+    dist.init_process_group("gloo")
+    overlay = sys.modules["torch_overlay"]
+    states = {s.id: [str(s.state), s.mode] for s in overlay.status()}
+    print("RANK-REPORT " + json.dumps({"rank": dist.get_rank(), "early": early, "states": states}), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+SPAWN_SCRIPT = textwrap.dedent(
+    """
+    import multiprocessing as mp
+    import sys
+
+
+    def child(queue):
+        queue.put("torch_overlay" in sys.modules)
+
+
+    if __name__ == "__main__":
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        p = ctx.Process(target=child, args=(queue,))
+        p.start()
+        print("CHILD-HAS-OVERLAY", queue.get(timeout=120))
+        p.join()
+    """
+)
+
+
+def _launch(tmp_path: Path, *command: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, str(REPO / "torch_overlay" / "launcher.py"), "--", *command],
+        cwd=tmp_path,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_torchrun_job_without_an_import_line_gets_the_fixes_on_every_rank(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(RANK_SCRIPT)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    runner = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    proc = _launch(tmp_path, *runner, "--standalone", "--nproc_per_node", "2", str(script))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("RANK-REPORT")]
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    for report in reports:
+        assert report["early"]
+        # Unfixed upstream on every supported torch, and its module is loaded by the script.
+        assert report["states"]["aot-fresh-alias-outputs"] == ["applied", "at import"]
+    assert reports[0]["states"] == reports[1]["states"]
+
+
+def test_spawned_children_import_the_overlay_too(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SPAWN_SCRIPT)
+    proc = _launch(tmp_path, sys.executable, str(script))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CHILD-HAS-OVERLAY True" in proc.stdout
+
+
+def test_an_existing_sitecustomize_still_runs(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['MY_SITECUSTOMIZE_RAN'] = '1'\n")
+    probe = "import os, sys; print(os.environ.get('MY_SITECUSTOMIZE_RAN'), 'torch_overlay' in sys.modules)"
+    proc = _launch(tmp_path, sys.executable, "-c", probe, env={"PYTHONPATH": str(site)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "True"]
+
+
+def test_a_missing_command_is_reported():
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_overlay", "run", "--", "no-such-command-here"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 127 and "command not found" in proc.stderr
