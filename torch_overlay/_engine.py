@@ -503,14 +503,13 @@ class Overlay:
         return [e.patch for e in self._entries]
 
     def module_text(self, module: str) -> str | None:
-        """The source ``module`` runs with the overlay (None: not decided, or not changed)."""
+        """The source ``module`` runs (or will run) with the overlay; None until its patches are decided."""
         with self._lock:
             component = self._by_module.get(module)
             if component is None or not component.decided:
                 return None
             path = next(p for p, t in component.targets.items() if t.module == module)
-            changed = any(module in e.changes for e in component.entries if e.live or e.state == PatchState.PENDING)
-            return component.texts.get(path) if changed else None
+            return component.texts.get(path)
 
     # ------------------------------------------------------ is_patched & co
     def _patched_codes(self) -> dict[int, tuple[types.CodeType, _Entry | None, str]]:

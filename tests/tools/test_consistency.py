@@ -29,15 +29,14 @@ with contextlib.redirect_stderr(errors):
     _import_targets()
 texts = {}
 for patch in _overlay.patches():
-    for variant in patch.variants:
-        for diff in variant.files:
-            if diff.module in _overlay._texts:
-                texts[diff.path] = _overlay._texts[diff.module]
-states = {row.id: [row.state, row.reason] for row in torch_overlay.status()}
+    for target in patch.targets:
+        text = _overlay.module_text(target.module)
+        if text is not None:
+            texts[target.path] = text
+states = {row.id: [str(row.state), row.reason] for row in torch_overlay.status()}
 notes = [line for line in errors.getvalue().splitlines() if line.startswith("note: cannot import")]
 print(json.dumps({"states": states, "texts": texts, "errors": notes}))
 """
-STATE_OF_STEP = {"apply": "applied", "upstream": "upstream", "drift": "drift"}
 
 
 @pytest.mark.parametrize("release", versions_under_test())
@@ -55,7 +54,7 @@ def test_runtime_source_equals_applied_checkout(release, checkout, build_cli):
     src = checkout(release)
     co = open_checkout(src)
     plan = plan_series(load_series(PATCHES), co.version, co.head_text)
-    assert {s.patch.id: STATE_OF_STEP[s.state] for s in plan.steps} == {
+    assert {s.patch.id: str(s.state) for s in plan.steps} == {
         pid: state for pid, (state, _) in runtime["states"].items()
     }, runtime["states"]
 
