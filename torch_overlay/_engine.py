@@ -294,7 +294,7 @@ class Overlay:
             if not plan.steps:
                 continue
             try:
-                plan.code = compile_module(self._cache, name, str(plan.file), plan.base, plan.steps)
+                plan.code = compile_module(self._cache, name, plan.file, plan.base, plan.steps)
             except SyntaxError as exc:
                 return plan.entries[-1], f"the patched {plan.target.path} does not compile: {exc}"
         committed: list[tuple[_Entry, SwapPlan]] = []
@@ -337,8 +337,8 @@ class Overlay:
         return str(Mode.SWAPPED if entry.swapped else Mode.AT_IMPORT)
 
     # ----------------------------------------------------------- import hook
-    def _provide(self, module: types.ModuleType) -> types.CodeType | None:
-        """The code ``module`` runs: its patched source, or None for its own."""
+    def _provide(self, module: types.ModuleType) -> tuple[types.CodeType, str] | None:
+        """The code ``module`` runs and its text: its patched source, or None for its own."""
         name = module.__name__
         with self._lock:
             component = self._by_module.get(name)
@@ -361,7 +361,7 @@ class Overlay:
                 self._raise_if_strict(plan.entries)
                 return None
             plan.code.register_source()
-            return plan.code.code
+            return plan.code.code, plan.code.text
 
     def _reload_plan(self, component: _Component, name: str) -> _ModulePlan | None:
         """A module whose functions were swapped is executed again (``importlib.reload``): run the
@@ -375,7 +375,7 @@ class Overlay:
         file = component.files[path]
         plan = _ModulePlan(target, file, file.read_text(encoding="utf-8"), entries=entries)
         plan.steps = [(e.patch.id, component.texts[path]) for e in entries[-1:]]
-        plan.code = compile_module(self._cache, name, str(file), plan.base, plan.steps)
+        plan.code = compile_module(self._cache, name, file, plan.base, plan.steps)
         component.modules[name] = plan
         return plan
 
@@ -552,7 +552,7 @@ class Overlay:
         else:
             component = self._by_module[module]
             plan = component.modules[module]
-            unpatched = compile(plan.base, str(plan.file), "exec", dont_inherit=True)
+            unpatched = compile(plan.base, str(plan.file), "exec", dont_inherit=True)  # as torch ships it
             original = _find_code(unpatched, code.co_qualname)
         if original is None or original.co_freevars != code.co_freevars:
             raise ValueError(f"{code.co_qualname}: the patch added it; torch has no original")

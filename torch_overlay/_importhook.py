@@ -2,10 +2,12 @@
 
 For a watched name the finder asks the finders after it for the spec and wraps its loader in a
 :class:`ChainedLoader`. At ``exec_module`` the chained loader asks the hook's ``provide`` for the
-code to run (None: the module's own), puts the original loader back on the module and its spec
-(pkgutil, inspect and importlib.resources look at its type), executes, then calls the callbacks
-registered for that name. ``importlib.reload`` goes through the finder again, so it gets the same
-treatment.
+code to run (None: the module's own) and puts the original loader back on the spec (pkgutil and
+importlib.resources use it). A module that runs replaced code keeps the chained loader as its
+``__loader__``, whose ``get_source`` returns the text that code was compiled from (``linecache``
+and ``inspect`` fall back to it); everything else is the original loader's. Then the callbacks
+registered for that name run. ``importlib.reload`` goes through the finder again, so it gets the
+same treatment.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ChainedLoader", "ImportHook"]
 
-Provider = Callable[[ModuleType], "CodeType | None"]
+Provider = Callable[[ModuleType], "tuple[CodeType, str] | None"]  # code and its source text
 Fallback = Callable[[ModuleType, BaseException], bool]
 
 
@@ -29,24 +31,31 @@ class ChainedLoader:
     def __init__(self, loader: Any, hook: ImportHook) -> None:
         self.loader = loader
         self._hook = hook
+        self._source: tuple[str, str] | None = None  # (module name, text) of the replaced code
 
     def __getattr__(self, name: str) -> Any:
-        # get_source, get_filename, is_package, get_resource_reader...: the original loader's.
+        # get_filename, is_package, get_resource_reader...: the original loader's.
         return getattr(self.loader, name)
+
+    def get_source(self, fullname: str) -> str | None:
+        if self._source is not None and self._source[0] == fullname:
+            return self._source[1]
+        return self.loader.get_source(fullname)
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         create = getattr(self.loader, "create_module", None)
         return create(spec) if create is not None else None
 
     def exec_module(self, module: ModuleType) -> None:
-        module.__loader__ = self.loader
         spec = getattr(module, "__spec__", None)
         if spec is not None and spec.loader is self:
             spec.loader = self.loader
-        code = self._hook.provide(module)
-        if code is None:
+        provided = self._hook.provide(module)
+        if provided is None:
+            module.__loader__ = self.loader
             self.loader.exec_module(module)
         else:
+            code, self._source = provided[0], (module.__name__, provided[1])
             try:
                 exec(code, module.__dict__)
             except BaseException as exc:
@@ -56,6 +65,8 @@ class ChainedLoader:
                 keep = {k: v for k, v in module.__dict__.items() if k.startswith("__") and k.endswith("__")}
                 module.__dict__.clear()
                 module.__dict__.update(keep)
+                self._source = None
+                module.__loader__ = self.loader
                 self.loader.exec_module(module)
         self._hook.imported(module.__name__)
 

@@ -9,10 +9,11 @@ import linecache
 import sys
 import types
 from dataclasses import dataclass
+from pathlib import Path
 
 from ._codecache import CodeCache
 
-__all__ = ["ModuleCode", "compile_module", "MODULE_LEVEL"]
+__all__ = ["ModuleCode", "compile_module", "MODULE_LEVEL", "TAG"]
 
 MODULE_LEVEL = "<module>"
 
@@ -25,9 +26,15 @@ class ModuleCode:
     text: str
 
     def register_source(self) -> None:
-        """Tracebacks, ``inspect.getsource`` and debuggers read the patched text for this file."""
-        # mtime None: linecache.checkcache keeps the entry (the file on disk has other text).
-        linecache.cache[self.filename] = (len(self.text), None, self.text.splitlines(True), self.filename)
+        """Tracebacks, ``inspect.getsource`` and debuggers read the patched text.
+
+        Under the code's own file name, and under the installed file's name, which ``inspect``
+        uses for the module itself. mtime None: ``linecache.checkcache`` keeps the entries. After a
+        ``linecache.clearcache()`` (inductor calls it) the module's loader gives the text again.
+        """
+        lines = self.text.splitlines(True)
+        for name in (self.filename, self.filename.removesuffix(TAG)):
+            linecache.cache[name] = (len(self.text), None, lines, name)
 
     def patched_codes(self) -> list[types.CodeType]:
         """The code objects (functions, methods, classes) some patch changed."""
@@ -106,10 +113,16 @@ def _is_module_code(value: object) -> bool:
     )
 
 
+# Patched code names its file like this: a name that is not on disk, so that linecache asks the
+# module's loader (which returns the patched text) rather than reading the installed file.
+TAG = "[torch_overlay]"
+
+
 def compile_module(
-    cache: CodeCache, module_name: str, filename: str, base: str, steps: list[tuple[str, str]]
+    cache: CodeCache, module_name: str, file: Path, base: str, steps: list[tuple[str, str]]
 ) -> ModuleCode:
     """Code for ``steps[-1]``'s text (each step: a patch id and the text after it), cached on disk."""
+    filename = f"{file}{TAG}"
 
     def digest(text: str) -> str:
         return hashlib.sha256(text.encode()).hexdigest()
