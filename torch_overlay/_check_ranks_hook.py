@@ -1,5 +1,53 @@
-"""Placeholder replaced when check_ranks lands."""
+"""``TORCH_OVERLAY_CHECK_RANKS=1`` (``torch-overlay-run --check-ranks``): compare the ranks once.
+
+Right after ``init_process_group`` returns, every rank runs :func:`torch_overlay.check_ranks` (one
+small all-gather) and, if the ranks run different torch builds or fixes, logs the report on every
+rank (raises :class:`torch_overlay.OverlayError` under ``TORCH_OVERLAY_STRICT=1``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+__all__ = ["install"]
+
+C10D = "torch.distributed.distributed_c10d"
+log = logging.getLogger("torch_overlay")
+
+
+def _wrap(module: Any) -> None:
+    original = module.init_process_group
+    if getattr(original, "_torch_overlay_checks_ranks", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        import torch_overlay
+
+        report = torch_overlay.check_ranks()
+        if not report.ok:
+            if torch_overlay._overlay.config.strict:
+                raise torch_overlay.OverlayError(str(report))
+            log.warning("%s", report)
+        return result
+
+    init_process_group._torch_overlay_checks_ranks = True  # type: ignore[attr-defined]
+    module.init_process_group = init_process_group
 
 
 def install() -> None:
-    pass
+    """Wrap ``init_process_group`` when ``torch.distributed`` is imported (before its re-export)."""
+    import sys
+
+    import torch_overlay
+
+    if C10D in sys.modules:
+        _wrap(sys.modules[C10D])
+        torch_dist = sys.modules.get("torch.distributed")
+        if torch_dist is not None and hasattr(torch_dist, "init_process_group"):
+            torch_dist.init_process_group = sys.modules[C10D].init_process_group
+        return
+    torch_overlay._overlay._hook.on_import(C10D, lambda name: _wrap(sys.modules[name]))
