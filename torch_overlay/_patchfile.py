@@ -30,6 +30,9 @@ KNOWN_FIELDS = (
 )
 
 
+NOTES_MARK = "Overlay-Notes:"
+
+
 class PatchParseError(ValueError):
     """A patch file is malformed; names the file and line."""
 
@@ -72,9 +75,10 @@ class PatchFile:
     path: Path
     subject: str
     fields: dict[str, str]
-    description: str
+    description: str  # the upstream summary
     files: tuple[FileDiff, ...]
     text: str = field(repr=False, default="")
+    overlay_notes: str = ""  # after `Overlay-Notes:`: for this project only, never staged
 
     @property
     def id(self) -> str:
@@ -118,11 +122,18 @@ def parse_patch(path: Path | str, text: str | None = None) -> PatchFile:
         raise PatchParseError(path, 1, "no 'Subject:' line in the mail header")
 
     # Message body: DEP-3 fields and free text, up to the diffstat separator or first diff.
+    # From an `Overlay-Notes:` line on, the text is about this project (variants, tests, the
+    # runtime overlay) and stays out of the upstream PR.
     fields: dict[str, str] = {}
     description: list[str] = []
+    notes: list[str] | None = None
     while i < len(lines) and lines[i] != "---" and not lines[i].startswith("diff --git "):
         m = _FIELD_RE.match(lines[i])
-        if m and m.group(1) in KNOWN_FIELDS:
+        if notes is not None:
+            notes.append(lines[i])
+        elif lines[i].startswith(NOTES_MARK):
+            notes = [lines[i][len(NOTES_MARK) :].strip()]
+        elif m and m.group(1) in KNOWN_FIELDS:
             fields[m.group(1)] = m.group(2).strip()
         else:
             description.append(lines[i])
@@ -190,4 +201,5 @@ def parse_patch(path: Path | str, text: str | None = None) -> PatchFile:
     flush()
     if not files:
         raise PatchParseError(path, len(lines), "no diff in patch")
-    return PatchFile(path, subject, fields, "\n".join(description).strip(), tuple(files), text)
+    overlay_notes = "\n".join(notes).strip() if notes else ""
+    return PatchFile(path, subject, fields, "\n".join(description).strip(), tuple(files), text, overlay_notes)

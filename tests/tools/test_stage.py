@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -91,6 +92,10 @@ def test_stage_one_commit_per_patch(release, checkout, build_cli, no_git_identit
         assert "torch_overlay" not in staged
         pr = co.git_dir() / "torch-overlay" / branch.replace("/", "-") / f"{step.patch.id}.md"
         assert pr.read_text().startswith(f"# {title}\n") and command in pr.read_text()
+        # Upstream reads neither about this project nor its test layout.
+        for text in (message, pr.read_text()):
+            leaks = re.findall(r"overlay|tests/fixes|\bvariants?\b", text, re.I)
+            assert not leaks, f"{step.patch.id}: staged text names {leaks}"
     # The staged source is what `apply` writes, and a new upstream test is the repo test minus plumbing.
     for path, text in plan.after.items():
         assert git(src, "show", f"HEAD:{path}") == text

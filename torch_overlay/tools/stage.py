@@ -69,11 +69,8 @@ def pr_body(staged: StagedPatch) -> str:
     """The PR description: the commit message laid out in Markdown."""
     title, _, rest = staged.message.partition("\n\n")
     summary = rest.rsplit("Test Plan:", 1)[0].strip()
-    variant = staged.step.variant
-    assert variant is not None
     return (
-        f"# {title.strip()}\n\n## Summary\n\n{summary}\n\n## Test plan\n\n```\n{staged.test_command}\n```\n\n"
-        f"Staged by torch_overlay from `{variant.path.name}` (`{staged.step.patch.id}`).\n"
+        f"# {title.strip()}\n\n## Summary\n\n{summary}\n\n## Test plan\n\n```\n{staged.test_command}\n```\n"
     )
 
 
