@@ -24,7 +24,19 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["CHUNK", "EXACT", "FLOAT", "QUANTIZED", "QUANTIZED_WEIGHT", "NONFINITE", "NONFINITE_AT", "NUMEL", "ROW_WIDTH", "STATUS", "Checksums"]
+__all__ = [
+    "CHUNK",
+    "Checksums",
+    "EXACT",
+    "FLOAT",
+    "NONFINITE",
+    "NONFINITE_AT",
+    "NUMEL",
+    "QUANTIZED",
+    "QUANTIZED_WEIGHT",
+    "ROW_WIDTH",
+    "STATUS",
+]
 
 # Row layout. STATUS is set by the caller (present, absent, not replicated).
 STATUS, NUMEL, NONFINITE, NONFINITE_AT = range(4)

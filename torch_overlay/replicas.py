@@ -5,8 +5,8 @@ every rank of that dimension. Nothing in PyTorch verifies it: a gradient that is
 really ``Partial`` but marked ``Replicate`` (torchtitan#2387, a replicated MoE
 router fed with tokens split across TP ranks) skips its all-reduce and the
 replicas drift apart silently. ``check_replicas`` compares a checksum of every
-replica with one all-gather per mesh dimension; ``guard_replicas`` runs it after
-backward every N steps.
+replica with two all-gathers per mesh dimension (what is compared, then the
+checksums); ``guard_replicas`` runs it after backward every N steps.
 
 ``torch.distributed.tensor`` is imported inside the functions so that importing
 ``torch_overlay`` stays cheap.

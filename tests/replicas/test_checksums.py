@@ -35,7 +35,9 @@ def test_pieces_are_views_of_the_tensor():
     assert torch.equal(torch.cat([p.reshape(-1) for p in pieces]), t.reshape(-1))
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.complex64])
+@pytest.mark.parametrize(
+    "dtype", [torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.complex64]
+)
 def test_dtypes(dtype):
     t = torch.arange(12).reshape(3, 4).to(dtype)
     other = t.clone()

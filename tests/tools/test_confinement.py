@@ -100,7 +100,8 @@ def _series(tmp_path: Path) -> Path:
 
 def test_wheel_fake_builds(build_cli, tmp_path):
     """The fake wheel of these tests is a valid source: the refusals below are about what they change."""
-    rc, out, err = build_cli("wheel", _fake_wheel(tmp_path / "in"), "--out", tmp_path / "dist", "--patches", _series(tmp_path))
+    wheel = _fake_wheel(tmp_path / "in")
+    rc, out, err = build_cli("wheel", wheel, "--out", tmp_path / "dist", "--patches", _series(tmp_path))
     assert rc == 0, err
     assert [p.name for p in (tmp_path / "dist").iterdir()] == ["torch-2.13.0+overlay.1-cp311-cp311-linux_x86_64.whl"]
 
