@@ -73,7 +73,9 @@ def _peak_memory_mib(mesh, rows: int = 4096, cols: int = 4096) -> tuple[float, f
     local = torch.randn(rows, cols).t()
     param = nn.Parameter(DTensor.from_local(local, mesh, [Replicate()], run_check=False))
     module = nn.ParameterList([param])
-    check_replicas(module, grads=False)  # warm-up: allocator, process group
+    # Warm-up on a small tensor: a full-size one would leave its freed scratch in the heap.
+    small = DTensor.from_local(torch.randn(64, 64).t(), mesh, [Replicate()], run_check=False)
+    check_replicas(nn.ParameterList([nn.Parameter(small)]), grads=False)
     clear = Path("/proc/self/clear_refs")
     clear.write_text("5")  # resets the peak (VmHWM) to the current RSS
     before = _rss("VmRSS")
@@ -87,6 +89,8 @@ def _run(rank: int, port: int) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
     )
     mesh = init_device_mesh("cpu", (WORLD_SIZE,))
+    # First, while the heap is fresh: freed buffers of earlier checks would hide the peak.
+    peak_mib, size_mib = _peak_memory_mib(mesh)
     model = ToyTPMoE(mesh, RIGHT, **SIZES)
     tokens = torch.randn(
         TOKENS_PER_RANK, SIZES["dim"], generator=torch.Generator().manual_seed(rank)
@@ -105,7 +109,6 @@ def _run(rank: int, port: int) -> None:
     worst_ms = _median_ms(lambda: check_replicas(replicated))
     report = check_replicas(model)
     numel = sum(p.numel() for p in replicated)
-    peak_mib, size_mib = _peak_memory_mib(mesh)
     if rank == 0:
         print(
             f"check_replicas: {check_ms:.2f} ms vs backward {backward_ms:.2f} ms "
