@@ -4,7 +4,8 @@ Runs two gloo CPU ranks (torch.multiprocessing) and prints one line from rank 0:
 the check on the TP MoE block (only the router gate is replicated) and the check
 on a module of the same size with every parameter replicated (the worst case:
 each element is checksummed), both with grads, against the block's backward.
-Medians over a few iterations.
+Medians over a few iterations. Then the peak memory (RSS) a check adds for one replicated
+parameter whose local tensor is transposed (non-contiguous), against the tensor's size.
 """
 
 import os
@@ -20,7 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import distribute_tensor, Replicate
+from torch.distributed.tensor import distribute_tensor, DTensor, Replicate
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,12 +61,36 @@ def _replicated_copy(model: nn.Module, mesh) -> nn.Module:
     return copy
 
 
+def _rss(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise LookupError(field)
+
+
+def _peak_memory_mib(mesh, rows: int = 4096, cols: int = 4096) -> tuple[float, float]:
+    """(peak RSS added by a check of one transposed replicated parameter, its size), MiB."""
+    local = torch.randn(rows, cols).t()
+    param = nn.Parameter(DTensor.from_local(local, mesh, [Replicate()], run_check=False))
+    module = nn.ParameterList([param])
+    # Warm-up on a small tensor: a full-size one would leave its freed scratch in the heap.
+    small = DTensor.from_local(torch.randn(64, 64).t(), mesh, [Replicate()], run_check=False)
+    check_replicas(nn.ParameterList([nn.Parameter(small)]), grads=False)
+    clear = Path("/proc/self/clear_refs")
+    clear.write_text("5")  # resets the peak (VmHWM) to the current RSS
+    before = _rss("VmRSS")
+    check_replicas(module, grads=False)
+    return (_rss("VmHWM") - before) / 2**20, local.numel() * local.element_size() / 2**20
+
+
 def _run(rank: int, port: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
     )
     mesh = init_device_mesh("cpu", (WORLD_SIZE,))
+    # First, while the heap is fresh: freed buffers of earlier checks would hide the peak.
+    peak_mib, size_mib = _peak_memory_mib(mesh)
     model = ToyTPMoE(mesh, RIGHT, **SIZES)
     tokens = torch.randn(
         TOKENS_PER_RANK, SIZES["dim"], generator=torch.Generator().manual_seed(rank)
@@ -90,7 +115,9 @@ def _run(rank: int, port: int) -> None:
             f"(ratio {check_ms / backward_ms:.3f}; {report.num_checked} replicated tensor(s), "
             f"{report.num_collectives} all-gather; all {numel} params replicated: "
             f"{worst_ms:.2f} ms, ratio {worst_ms / backward_ms:.3f}; gloo CPU, world size "
-            f"{WORLD_SIZE})",
+            f"{WORLD_SIZE})\n"
+            f"check_replicas peak memory: +{peak_mib:.0f} MiB for a transposed {size_mib:.0f} MiB "
+            "replicated parameter (RSS, rank 0)",
             flush=True,
         )
     dist.destroy_process_group()

@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Config", "load_config"]
+__all__ = ["Config", "load_config", "parse_switch"]
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_ACCEPTED = f"{'/'.join(_TRUE)} or {'/'.join(_FALSE)} (any case)"
+
+
+def default_cache_dir(env: Mapping[str, str]) -> Path:
+    """``TORCH_OVERLAY_CACHE_DIR``, else ``$XDG_CACHE_HOME/torch_overlay``, else ``~/.cache/torch_overlay``."""
+    if env.get("TORCH_OVERLAY_CACHE_DIR", "").strip():
+        return Path(env["TORCH_OVERLAY_CACHE_DIR"].strip()).expanduser()
+    xdg = env.get("XDG_CACHE_HOME", "").strip()
+    # The XDG spec says a relative path is invalid and must be ignored.
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path("~/.cache").expanduser()
+    return base / "torch_overlay"
 
 
 @dataclass(frozen=True)
@@ -17,13 +31,28 @@ class Config:
     strict: bool  # TORCH_OVERLAY_STRICT=1 raises instead of warning
     patches_dir: Path  # TORCH_OVERLAY_PATCHES=dir (default: the shipped series)
     code_cache: bool = True  # TORCH_OVERLAY_CODE_CACHE=0 compiles patched code in memory only
-    cache_dir: Path | None = None  # TORCH_OVERLAY_CACHE_DIR (default: $XDG_CACHE_HOME/torch_overlay)
+    cache_dir: Path = field(default_factory=lambda: default_cache_dir(os.environ))
+    # One message per switch whose value was not understood (and what was done instead).
+    # load_config does not warn: the engine reports them once, or raises under strict.
+    problems: tuple[str, ...] = ()
 
 
-def _truthy(value: str | None, default: bool) -> bool:
-    if value is None or value.strip() == "":
-        return default
-    return value.strip().lower() not in ("0", "false", "no", "off")
+def parse_switch(name: str, value: str | None, default: bool) -> tuple[bool, str | None]:
+    """Read a boolean switch: (value, None), or (False, message) for a value not understood.
+
+    Unset or empty gives ``default``. An unrecognised value reads as off: for the switches on
+    by default (``TORCH_OVERLAY``, ``TORCH_OVERLAY_CODE_CACHE``) a value meant to turn them off
+    must never leave them on; ``TORCH_OVERLAY_STRICT`` stays off rather than turning warnings
+    into exceptions on a value that does not say so.
+    """
+    if value is None or not value.strip():
+        return default, None
+    word = value.strip().lower()
+    if word in _TRUE:
+        return True, None
+    if word in _FALSE:
+        return False, None
+    return False, f"{name}={value!r} is not understood; accepted values: {_ACCEPTED}"
 
 
 def default_patches_dir() -> Path:
@@ -35,24 +64,29 @@ def default_patches_dir() -> Path:
     return here.parent / "patches"
 
 
-def default_cache_dir(env: Mapping[str, str]) -> Path:
-    root = env.get("TORCH_OVERLAY_CACHE_DIR")
-    if root:
-        return Path(root)
-    return Path(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "torch_overlay"
-
-
-def load_config(environ: dict[str, str] | None = None) -> Config:
+def load_config(environ: Mapping[str, str] | None = None) -> Config:
     env = os.environ if environ is None else environ
+    problems = []
+
+    def switch(name: str, default: bool, consequence: str) -> bool:
+        value, problem = parse_switch(name, env.get(name), default)
+        if problem:
+            problems.append(f"{problem}; {consequence}")
+        return value
+
+    enabled = switch("TORCH_OVERLAY", True, "the overlay is disabled")
+    strict = switch("TORCH_OVERLAY_STRICT", False, "strict mode stays off")
+    code_cache = switch("TORCH_OVERLAY_CODE_CACHE", True, "the code cache is off")
     disabled = frozenset(
         item.strip() for item in env.get("TORCH_OVERLAY_DISABLE", "").split(",") if item.strip()
     )
     patches = env.get("TORCH_OVERLAY_PATCHES")
     return Config(
-        enabled=_truthy(env.get("TORCH_OVERLAY"), True),
+        enabled=enabled,
         disabled_ids=disabled,
-        strict=_truthy(env.get("TORCH_OVERLAY_STRICT"), False),
+        strict=strict,
         patches_dir=Path(patches) if patches else default_patches_dir(),
-        code_cache=_truthy(env.get("TORCH_OVERLAY_CODE_CACHE"), True),
+        code_cache=code_cache,
         cache_dir=default_cache_dir(env),
+        problems=tuple(problems),
     )

@@ -121,7 +121,7 @@ class Overlay:
             except SeriesError as exc:
                 patches = []
                 self._problem(str(exc))
-            for problem in getattr(self.config, "problems", ()):
+            for problem in self.config.problems:
                 self._problem(problem)
             self._entries = [_Entry(p) for p in patches]
             known = {e.patch.id for e in self._entries}

@@ -5,8 +5,8 @@ every rank of that dimension. Nothing in PyTorch verifies it: a gradient that is
 really ``Partial`` but marked ``Replicate`` (torchtitan#2387, a replicated MoE
 router fed with tokens split across TP ranks) skips its all-reduce and the
 replicas drift apart silently. ``check_replicas`` compares a checksum of every
-replica with one all-gather per mesh dimension; ``guard_replicas`` runs it after
-backward every N steps.
+replica with two all-gathers per mesh dimension (what is compared, then the
+checksums); ``guard_replicas`` runs it after backward every N steps.
 
 ``torch.distributed.tensor`` is imported inside the functions so that importing
 ``torch_overlay`` stays cheap.
@@ -15,6 +15,7 @@ backward every N steps.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import sys
@@ -25,9 +26,22 @@ from typing import Literal, TYPE_CHECKING
 import torch
 from torch import nn
 
+from ._checksums import (
+    Checksums,
+    EXACT,
+    FLOAT,
+    NONFINITE,
+    NONFINITE_AT,
+    NUMEL,
+    QUANTIZED,
+    QUANTIZED_WEIGHT,
+    ROW_WIDTH,
+    STATUS,
+)
+
 
 if TYPE_CHECKING:
-    from torch.distributed import ProcessGroup
+    from torch.distributed import ProcessGroup, Work
     from torch.distributed.device_mesh import DeviceMesh
     from torch.utils.hooks import RemovableHandle
 
@@ -43,22 +57,13 @@ __all__ = [
 ]
 
 
-# Columns of one checksum row; every rank of a group sends one row per slot.
-_STATUS, _NUMEL, _SUM, _WEIGHTED_SUM, _ABS_SUM = range(5)
-_ROW_WIDTH = 5
-
-# Values of the status column.
-_ABSENT = 0.0  # the grad is None
-_PRESENT = 1.0  # compared
-_NOT_REPLICATED = 2.0  # the grad is Shard/Partial on this mesh dim: nothing to compare
-
-# Elements copied to float64 at a time: bounds the scratch memory of a check
-# (two float64 vectors of this length per device).
-_CHUNK = 1 << 20
-# Position weights are 0.5 + frac(i * phi) (a Weyl sequence): distinct for every
-# index of a chunk, so swapping two different values changes the weighted sum.
-_PHI = (math.sqrt(5.0) - 1.0) / 2.0
-_MAX_WEIGHT = 1.5
+# Values of the status column of a checksum row (see ``_checksums``).
+_ABSENT = 0  # the grad is None
+_PRESENT = 1  # compared
+_NOT_REPLICATED = 2  # the grad is Shard/Partial on this mesh dim: nothing to compare
+# Header sent first over each group: number of rows, digest of what is compared and of atol.
+_HEADER_WIDTH = 3
+_PRIME = (1 << 61) - 1  # modulus of the integer checksums
 
 
 class ReplicaDivergenceWarning(UserWarning):
@@ -151,61 +156,36 @@ class _Slot:
 
 @dataclasses.dataclass
 class _Bucket:
-    """Everything compared over one process group, sent in one all-gather."""
+    """Everything compared over one process group: a header, then one all-gather of rows."""
 
     group: ProcessGroup
+    device: torch.device
+    # Every (parameter, mesh dim) on this group, replicated or not, with what its rows depend
+    # on: the ranks must agree on all of it before their rows can be lined up.
+    entries: dict[tuple[str, int], tuple[str | None, str]] = dataclasses.field(default_factory=dict)
     slots: list[_Slot] = dataclasses.field(default_factory=list)
     rows: list[torch.Tensor] = dataclasses.field(default_factory=list)
 
-
-class _Checksums:
-    """float64 checksums of local tensors, each computed once per call."""
-
-    def __init__(self) -> None:
-        # Per device: position weights and a float64 buffer, reused across chunks
-        # and tensors (a fresh cast per chunk costs more than the reductions).
-        self._scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._cache: dict[tuple[str, str], torch.Tensor] = {}
-
-    def _scratch_for(self, device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        scratch = self._scratch.get(device)
-        if scratch is None or scratch[0].numel() < n:
-            size = min(_CHUNK, max(n, 2 * scratch[0].numel() if scratch else 0))
-            weights = torch.arange(size, dtype=torch.float64, device=device)
-            weights = weights.mul_(_PHI).frac_().add_(0.5)
-            scratch = self._scratch[device] = (weights, torch.empty_like(weights))
-        weights, buffer = scratch
-        return weights[:n], buffer[:n]
-
-    def _compute(self, local: torch.Tensor) -> torch.Tensor:
-        flat = local.detach().reshape(-1)
-        if flat.is_complex():
-            flat = torch.view_as_real(flat).reshape(-1)
-        sums = torch.zeros(3, dtype=torch.float64, device=flat.device)
-        for start in range(0, flat.numel(), _CHUNK):
-            chunk = flat[start : start + _CHUNK]
-            weights, buffer = self._scratch_for(chunk.device, chunk.numel())
-            buffer.copy_(chunk)
-            # abs_ goes last: it overwrites the copy the other two read.
-            sums += torch.stack([buffer.sum(), torch.dot(buffer, weights), buffer.abs_().sum()])
-        head = torch.tensor([_PRESENT, flat.numel()], dtype=torch.float64, device=flat.device)
-        return torch.cat([head, sums])
-
-    def row(self, key: tuple[str, str], local: torch.Tensor) -> torch.Tensor:
-        row = self._cache.get(key)
-        if row is None:
-            row = self._cache[key] = self._compute(local)
-        return row
+    def header(self, atol: float) -> torch.Tensor:
+        digest = hashlib.sha256(repr((atol, list(self.entries.items()))).encode()).digest()
+        words = [int.from_bytes(digest[i : i + 8], "little", signed=True) for i in (0, 8)]
+        return torch.tensor([len(self.slots), *words], dtype=torch.int64, device=self.device)
 
 
-def _status_row(status: float, device: torch.device) -> torch.Tensor:
-    row = torch.zeros(_ROW_WIDTH, dtype=torch.float64, device=device)
-    row[_STATUS] = status
+def _status_row(status: int, device: torch.device) -> torch.Tensor:
+    row = torch.zeros(ROW_WIDTH, dtype=torch.int64, device=device)
+    row[STATUS] = status
+    return row
+
+
+def _present(row: torch.Tensor) -> torch.Tensor:
+    row = row.clone()
+    row[STATUS] = _PRESENT
     return row
 
 
 def _grad_row(
-    checksums: _Checksums, name: str, grad: torch.Tensor | None, mesh_dim: int, device: torch.device
+    checksums: Checksums, name: str, grad: torch.Tensor | None, mesh_dim: int, device: torch.device
 ) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
@@ -216,18 +196,19 @@ def _grad_row(
         # produces one); only grads claiming Replicate must agree.
         if not grad.placements[mesh_dim].is_replicate():
             return _status_row(_NOT_REPLICATED, device)
-        return checksums.row((name, "grad"), grad.to_local())
-    return checksums.row((name, "grad"), grad)
+        return _present(checksums.row((name, "grad"), grad.to_local()))
+    return _present(checksums.row((name, "grad"), grad))
 
 
-def _collect(module: nn.Module, *, grads: bool, params: bool) -> list[_Bucket]:
+def _collect(module: nn.Module, *, grads: bool, params: bool, atol: float) -> list[_Bucket]:
+    import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    checksums = _Checksums()
+    checksums = Checksums(atol)
     # Keyed by process group so that sub-meshes sharing a group (mesh["tp"] and
-    # dim 1 of the (dp, tp) mesh) share one all-gather. Insertion order follows
-    # named_parameters(), the same on every rank, so collectives are issued in
-    # the same order everywhere.
+    # dim 1 of the (dp, tp) mesh) share one all-gather. Sharded dims count too: a
+    # rank whose parameter is Shard where its peers hold Replicate still joins the
+    # group's header and learns of the disagreement instead of leaving them waiting.
     buckets: dict[ProcessGroup, _Bucket] = {}
     for name, param in module.named_parameters():
         if not isinstance(param, DTensor):
@@ -237,33 +218,47 @@ def _collect(module: nn.Module, *, grads: bool, params: bool) -> list[_Bucket]:
             continue
         local = param.to_local()
         for mesh_dim, placement in enumerate(param.placements):
-            if not placement.is_replicate() or mesh.size(mesh_dim) == 1:
+            if mesh.size(mesh_dim) == 1:
                 continue
             group = mesh.get_group(mesh_dim)
-            bucket = buckets.setdefault(group, _Bucket(group))
+            bucket = buckets.setdefault(group, _Bucket(group, local.device))
             dim_name = mesh.mesh_dim_names[mesh_dim] if mesh.mesh_dim_names else None
-            if params:
-                bucket.slots.append(_Slot(name, "param", mesh_dim, dim_name))
-                bucket.rows.append(checksums.row((name, "param"), local))
-            if grads:
-                bucket.slots.append(_Slot(name, "grad", mesh_dim, dim_name))
-                bucket.rows.append(_grad_row(checksums, name, param.grad, mesh_dim, local.device))
-    return [bucket for bucket in buckets.values() if bucket.slots]
+            kinds = [kind for kind, on in (("param", params), ("grad", grads)) if on and placement.is_replicate()]
+            compared = " and ".join(kinds) or "not compared"
+            bucket.entries[(name, mesh_dim)] = (
+                dim_name,
+                f"{list(param.placements)} {tuple(param.shape)} {param.dtype}, {compared}",
+            )
+            for kind in kinds:
+                bucket.slots.append(_Slot(name, kind, mesh_dim, dim_name))
+                if kind == "param":
+                    bucket.rows.append(_present(checksums.row((name, "param"), local)))
+                else:
+                    bucket.rows.append(_grad_row(checksums, name, param.grad, mesh_dim, local.device))
+    # The same order on every rank, whatever the order of its parameters.
+    return sorted(buckets.values(), key=lambda b: dist.get_process_group_ranks(b.group))
 
 
-def _same(a: torch.Tensor, b: torch.Tensor, tol: torch.Tensor) -> torch.Tensor:
-    # NaN checksums on both sides count as equal: the replicas may well be equal,
-    # and a NaN loss is not this check's business.
-    close = (a == b) | (a.isnan() & b.isnan()) | ((a - b).abs() <= tol)
-    return close.all(dim=-1)
+def _agree(a: torch.Tensor, b: torch.Tensor, atol: float) -> torch.Tensor:
+    """Whether checksum rows ``a`` and ``b`` (broadcast) agree, over the last dim."""
+    exact = (a[..., EXACT] == b[..., EXACT]).all(dim=-1)
+    if atol == 0:
+        return exact
+    # Size and non-finite values exactly; each finite element moves its quantized value
+    # floor(x / atol) by at most 1, so the quantized sums by at most numel (times the weight).
+    same_shape = (a[..., NUMEL : NONFINITE_AT + 1] == b[..., NUMEL : NONFINITE_AT + 1]).all(dim=-1)
+    gap = (a[..., QUANTIZED] - b[..., QUANTIZED]).remainder(_PRIME)
+    gap = torch.where(gap > _PRIME // 2, _PRIME - gap, gap)
+    numel = b[..., NUMEL].unsqueeze(-1)
+    tol = numel * torch.tensor([1, QUANTIZED_WEIGHT], dtype=torch.int64)
+    return same_shape & (exact | (gap <= tol).all(dim=-1))
 
 
-def _tolerance(rows: torch.Tensor, atol: float) -> torch.Tensor:
-    # Element differences of at most atol move each sum by at most atol * numel
-    # (times the largest weight for the weighted sum); status and numel must match.
-    numel = rows[..., _NUMEL]
-    scale = torch.tensor([0.0, 0.0, 1.0, _MAX_WEIGHT, 1.0], dtype=torch.float64)
-    return atol * numel.unsqueeze(-1) * scale
+def _float_gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    gap = (a[FLOAT].view(torch.float64) - b[FLOAT].view(torch.float64)).abs().max().item()
+    if a[NONFINITE] != b[NONFINITE] or a[NONFINITE_AT] != b[NONFINITE_AT] or math.isnan(gap):
+        return math.inf
+    return gap
 
 
 def _split_ranks(
@@ -274,17 +269,14 @@ def _split_ranks(
     members: list[list[int]] = []
     for row, rank in zip(rows, ranks, strict=True):
         for rep, group in zip(reps, members, strict=True):
-            if _same(row, rep, _tolerance(rep, atol)):
+            if _agree(row, rep, atol):
                 group.append(rank)
                 break
         else:
             reps.append(row)
             members.append([rank])
     order = sorted(range(len(members)), key=lambda i: (-len(members[i]), members[i][0]))
-    gap = 0.0
-    for i in order[1:]:
-        diff = (reps[i][_SUM:] - reps[order[0]][_SUM:]).abs().max().item()
-        gap = max(gap, diff if not math.isnan(diff) else math.inf)
+    gap = max((_float_gap(reps[i], reps[order[0]]) for i in order[1:]), default=0.0)
     return tuple(tuple(members[i]) for i in order), gap
 
 
@@ -295,11 +287,11 @@ def _compare(
 
     ranks = dist.get_process_group_ranks(bucket.group)
     # (group size, slots, row width), rows in group-rank order
-    rows = gathered.cpu().view(len(ranks), len(bucket.slots), _ROW_WIDTH)
-    status = rows[..., _STATUS]
+    rows = gathered.cpu().view(len(ranks), len(bucket.slots), ROW_WIDTH)
+    status = rows[..., STATUS]
     same_status = (status == status[0]).all(dim=0)
     compared = same_status & (status[0] == _PRESENT)
-    agree = _same(rows, rows[0], _tolerance(rows[0], atol)).all(dim=0)
+    agree = _agree(rows, rows[0], atol).all(dim=0)
     bad = (~same_status) | (compared & ~agree)
 
     mismatches = []
@@ -313,12 +305,67 @@ def _compare(
             # Only a grad can be absent or not Replicate on some ranks.
             detail = f"grad is None on ranks {missing}" if missing else "grad placements differ"
             gap = math.inf
+        elif (rows[:, index, NUMEL] != rows[0, index, NUMEL]).any():
+            detail = "local sizes differ"
         mismatches.append(
             ReplicaMismatch(
                 slot.name, slot.kind, slot.mesh_dim, slot.mesh_dim_name, rank_groups, gap, detail
             )
         )
     return mismatches, int(compared.sum())
+
+
+def _describe_disagreement(bucket: _Bucket, atol: float) -> list[ReplicaMismatch]:
+    """Which parameters the ranks of ``bucket``'s group hold differently (a blocking exchange)."""
+    import torch.distributed as dist
+
+    ranks = dist.get_process_group_ranks(bucket.group)
+    sent: list[tuple[float, list[tuple[tuple[str, int], tuple[str | None, str]]]]] = [(0.0, []) for _ in ranks]
+    dist.all_gather_object(sent, (atol, list(bucket.entries.items())), group=bucket.group)
+    atols = [a for a, _ in sent]
+    held = [entries for _, entries in sent]
+    tables = [dict(entries) for entries in held]
+    mismatches = []
+    for key in dict.fromkeys(key for entries in held for key, _ in entries):
+        values = [table.get(key) for table in tables]
+        if len(set(values)) == 1:
+            continue
+        by_value: dict[tuple[str | None, str] | None, list[int]] = {}
+        for rank, value in zip(ranks, values, strict=True):
+            by_value.setdefault(value, []).append(rank)
+        groups = sorted(by_value.items(), key=lambda item: (-len(item[1]), item[1][0]))
+        detail = "ranks disagree on what it is: " + "; ".join(
+            f"{value[1] if value else 'absent'} on ranks {members}" for value, members in groups
+        )
+        dim_name = next(value[0] for value in values if value)
+        mismatches.append(
+            ReplicaMismatch(
+                key[0], "param", key[1], dim_name, tuple(tuple(m) for _, m in groups), math.inf, detail
+            )
+        )
+    if not mismatches:
+        # The same parameters in another order (named_parameters() differs), or another atol.
+        (name, mesh_dim), (dim_name, _) = next(iter(bucket.entries.items()))
+        detail = (
+            f"ranks passed different atol values {atols}"
+            if len(set(atols)) > 1
+            else "ranks list their parameters in different orders"
+        )
+        mismatches.append(
+            ReplicaMismatch(
+                name, "param", mesh_dim, dim_name, (tuple(ranks),), math.inf, detail + "; nothing compared"
+            )
+        )
+    return mismatches
+
+
+def _all_gather(tensor: torch.Tensor, group: ProcessGroup) -> tuple[torch.Tensor, Work]:
+    import torch.distributed as dist
+
+    # all_gather_into_tensor is deprecated from torch 2.13 in favour of this name.
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    out = tensor.new_empty(dist.get_world_size(group) * tensor.shape[0], *tensor.shape[1:])
+    return out, all_gather(out, tensor, group=group, async_op=True)
 
 
 def check_replicas(
@@ -334,42 +381,52 @@ def check_replicas(
     For each DTensor parameter of ``module`` and each mesh dimension where it is
     ``Replicate()`` (size > 1), the local tensor (``params``) and its ``.grad``
     (``grads``, when the grad itself is ``Replicate`` on that dim) are reduced to
-    a float64 checksum: sum, sum of absolute values and a position-weighted sum
-    (which catches permuted elements). All checksums bound for one process group
-    are all-gathered together: one collective per distinct mesh-dim group,
-    whatever the number of parameters. Every rank of every mesh holding a
+    a checksum row (exact integer hashes of the bit patterns, the count and
+    positions of non-finite values, float64 sums of the finite part). Per
+    distinct mesh-dim process group, the ranks first all-gather a small header
+    (a digest of the names, placements, shapes and dtypes of the parameters on
+    that group): if it differs, every rank of the group reports the parameters
+    held differently and compares nothing there. Otherwise the rows are
+    all-gathered in one collective. Every rank of every mesh holding a
     parameter of ``module`` must call it, in the same order as other collectives.
 
-    ``atol`` is an element-wise tolerance: checksums may differ by up to
-    ``atol * numel`` (``1.5 *`` that for the weighted sum). ``atol=0`` requires
-    identical checksums, which correct replicas have when all ranks run the same
-    kernels. Returns a :class:`ReplicaReport`; with ``raise_on_divergence`` a
-    divergence raises :class:`ReplicaDivergenceError` instead.
+    ``atol=0`` requires bit-identical replicas (NaN payloads aside). With
+    ``atol > 0`` sizes and non-finite positions must match, and the finite
+    elements quantized to ``floor(x / atol)`` may differ by ``numel`` in sum
+    (elements within ``atol`` of each other move it by at most 1 each). All
+    ranks must pass the same ``atol`` (otherwise reported, nothing compared). Returns
+    a :class:`ReplicaReport`; with ``raise_on_divergence`` a divergence raises
+    :class:`ReplicaDivergenceError` instead.
     """
-    import torch.distributed as dist
-
     if atol < 0:
         raise ValueError(f"atol must be >= 0, got {atol}")
-    # all_gather_into_tensor is deprecated from torch 2.13 in favour of this name.
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     with torch.no_grad():
-        buckets = _collect(module, grads=grads, params=params)
-        pending = []
-        for bucket in buckets:
-            rows = torch.stack([row.to(bucket.rows[0].device) for row in bucket.rows])
-            size = dist.get_world_size(bucket.group)
-            gathered = rows.new_empty(size * rows.shape[0], _ROW_WIDTH)
-            # Issue every all-gather before waiting so they overlap.
-            work = all_gather(gathered, rows, group=bucket.group, async_op=True)
-            pending.append((bucket, gathered, work))
+        buckets = _collect(module, grads=grads, params=params, atol=atol)
+        # Round 1: every group agrees on what it compares (issued together, then waited on).
+        headers = [(bucket, *_all_gather(bucket.header(atol), bucket.group)) for bucket in buckets]
+        agreed: list[_Bucket] = []
+        disagreed: list[_Bucket] = []
+        for bucket, gathered, work in headers:
+            work.wait()
+            rows = gathered.cpu().view(-1, _HEADER_WIDTH)
+            (agreed if (rows == rows[0]).all() else disagreed).append(bucket)
+        # Round 2: the checksum rows of each group that agreed and has something to compare.
+        pending = [
+            (bucket, *_all_gather(torch.stack(bucket.rows), bucket.group))
+            for bucket in agreed
+            if bucket.slots
+        ]
         mismatches: list[ReplicaMismatch] = []
+        for bucket in disagreed:
+            mismatches += _describe_disagreement(bucket, atol)
         num_checked = 0
         for bucket, gathered, work in pending:
             work.wait()
             found, checked = _compare(bucket, gathered, atol)
             mismatches += found
             num_checked += checked
-    report = ReplicaReport(tuple(mismatches), num_checked, len(pending))
+    num_collectives = len(headers) + len(disagreed) + len(pending)
+    report = ReplicaReport(tuple(mismatches), num_checked, num_collectives)
     if raise_on_divergence and not report.ok:
         raise ReplicaDivergenceError(report)
     return report

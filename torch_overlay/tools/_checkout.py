@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import BuildError
+from ._paths import confined
 
 __all__ = ["Checkout", "open_checkout"]
 
@@ -36,8 +37,12 @@ class Checkout:
         proc = subprocess.run(["git", "-C", str(self.root), "show", f"HEAD:{path}"], capture_output=True)
         return proc.stdout.decode("utf-8") if proc.returncode == 0 else None
 
+    def path(self, relative: str, what: str = "path") -> Path:
+        """The file at ``relative``, refused unless it is inside the checkout."""
+        return confined(self.root, relative, what)
+
     def work_text(self, path: str) -> str | None:
-        file = self.root / path
+        file = self.path(path)
         # Bytes, not read_text: no newline translation, so an unchanged file round-trips exactly.
         return file.read_bytes().decode("utf-8") if file.is_file() else None
 
@@ -64,10 +69,11 @@ class Checkout:
 
     def write(self, texts: dict[str, str]) -> None:
         """Write every text, each through a temporary file renamed over the original."""
+        targets = {path: self.path(path) for path in texts}  # every path checked before any write
         staged: list[tuple[Path, Path]] = []
         try:
             for path, text in texts.items():
-                target = self.root / path
+                target = targets[path]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
                 with os.fdopen(fd, "wb") as f:

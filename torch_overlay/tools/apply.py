@@ -83,6 +83,8 @@ def run_apply(
     checkout = open_checkout(src)
     patches = load_series(patches_dir)
     touched = {p for patch in patches for p in (t.path for t in patch.targets)}
+    for path in sorted(touched):
+        checkout.path(path, "diff path")
     _refuse_dirty(checkout, touched)
     plan = plan_series(patches, checkout.version, checkout.head_text)
     work = {p: checkout.work_text(p) for p in plan.before}

@@ -95,6 +95,9 @@ def _prepare(checkout: Checkout, steps: list[Step], repo: Path) -> list[StagedPa
             raise BuildError(f"{step.patch.id}: its Test {test or '(none)'} is not a file under {repo}")
         if not upstream:
             raise BuildError(f"{step.patch.id}: no Upstream-Test field, so the test has no place upstream")
+        for path in step.paths:
+            checkout.path(path, f"{step.patch.id}: diff path")
+        checkout.path(upstream, f"{step.patch.id}: Upstream-Test")
         commands = [add_test(test, upstream, _field(step, "Test-Select"))]
         guard_tests = {}
         guard, guard_upstream = _field(step, "Guard-Test"), _field(step, "Upstream-Guard-Test")
@@ -104,6 +107,7 @@ def _prepare(checkout: Checkout, steps: list[Step], repo: Path) -> list[StagedPa
                     f"{step.patch.id}: Guard-Test {guard or '(none)'} needs a file under {repo} "
                     "and an Upstream-Guard-Test"
                 )
+            checkout.path(guard_upstream, f"{step.patch.id}: Upstream-Guard-Test")
             commands.append(add_test(guard, guard_upstream, ""))
             guard_tests[guard_upstream] = tests[guard_upstream]
         command = "\n".join(commands)

@@ -22,6 +22,7 @@ import shlex
 import subprocess
 import sys
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +30,13 @@ from typing import TextIO
 
 from .._versions import torch_root
 from . import BuildError
+from ._paths import confined
 from ._plan import PatchState, Plan, load_series, plan_series
 
 __all__ = ["find_torch_wheels", "overlay_version", "record_line", "run_wheel", "wheel_search_dirs"]
 
+# A version as it may appear in a file name (PEP 440 public version and local label).
+_VERSION_RE = re.compile(r"^[0-9][A-Za-z0-9.!_]*(\+[A-Za-z0-9.]+)?$")
 _WHEEL_RE = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(?:-\d[^-]*)?-(?P<tags>[^-]+-[^-]+-[^-]+)\.whl$")
 # Files an installer adds to .dist-info; a wheel does not carry them.
 _INSTALLER_FILES = {"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"}
@@ -86,6 +90,8 @@ class _Source:
         m = re.search(r"^Version: *(\S+)", self.metadata, re.M)
         if not m:
             raise BuildError(f"{self.description}: no Version in METADATA")
+        if not _VERSION_RE.match(m.group(1)):
+            raise BuildError(f"{self.description}: METADATA Version {m.group(1)!r} is not a version")
         return m.group(1)
 
 
@@ -214,7 +220,7 @@ def _write_wheel(source: _Source, plan: Plan, out_dir: Path) -> Path:
     members = [m for m in source.members if m.name != f"{source.dist_info}/RECORD"]
     members.sort(key=lambda m: m.name.startswith(source.dist_info + "/"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"{name}-{version}-{source.tags}.whl"
+    target = confined(out_dir, f"{name}-{version}-{source.tags}.whl", "wheel file")
     partial = target.with_name(target.name + ".part")
     record = io.StringIO()
     writer = csv.writer(record, lineterminator="\n")
@@ -278,5 +284,9 @@ def _open_source(wheel: Path | None, out: TextIO) -> Iterator[_Source]:
             return
     if not wheel.is_file():
         raise BuildError(f"{wheel}: no such wheel")
-    with zipfile.ZipFile(wheel) as archive:
-        yield _zip_source(wheel, archive)
+    # Members are read while the caller holds the source: a damaged one fails there, not here.
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            yield _zip_source(wheel, archive)
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise BuildError(f"{wheel}: not a readable wheel ({exc}); no wheel was written") from None

@@ -1,0 +1,82 @@
+"""Environment switches: one strict parser, problems collected on the Config."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from torch_overlay._config import Config, load_config, parse_switch
+
+
+@pytest.mark.parametrize("value", ["1", "true", "YES", " On ", "True"])
+def test_true_values(value):
+    assert parse_switch("X", value, default=False) == (True, None)
+
+
+@pytest.mark.parametrize("value", ["0", "false", "No", " OFF", "FALSE "])
+def test_false_values(value):
+    assert parse_switch("X", value, default=True) == (False, None)
+
+
+@pytest.mark.parametrize("value", [None, "", "   "])
+def test_unset_or_empty_is_the_default(value):
+    assert parse_switch("X", value, default=True) == (True, None)
+    assert parse_switch("X", value, default=False) == (False, None)
+
+
+@pytest.mark.parametrize("value", ["disabled", "n", "2", "ture"])
+def test_kill_switch_unrecognised_disables(value):
+    config = load_config({"TORCH_OVERLAY": value})
+    assert config.enabled is False
+    (problem,) = config.problems
+    assert "TORCH_OVERLAY" in problem and repr(value) in problem
+    assert "1/true/yes/on" in problem and "0/false/no/off" in problem
+    assert "overlay is disabled" in problem
+
+
+@pytest.mark.parametrize("value", ["disabled", "enabled", "y"])
+def test_strict_unrecognised_stays_off(value):
+    config = load_config({"TORCH_OVERLAY_STRICT": value})
+    assert config.enabled is True
+    assert config.strict is False
+    (problem,) = config.problems
+    assert "TORCH_OVERLAY_STRICT" in problem and repr(value) in problem
+
+
+def test_strict_on():
+    assert load_config({"TORCH_OVERLAY_STRICT": "yes"}).strict is True
+
+
+def test_code_cache_switch():
+    assert load_config({}).code_cache is True
+    assert load_config({"TORCH_OVERLAY_CODE_CACHE": "no"}).code_cache is False
+    assert load_config({"TORCH_OVERLAY_CODE_CACHE": "Off"}).code_cache is False
+    config = load_config({"TORCH_OVERLAY_CODE_CACHE": "nope"})
+    assert config.code_cache is False
+    assert "TORCH_OVERLAY_CODE_CACHE" in config.problems[0]
+
+
+def test_valid_environment_has_no_problems():
+    env = {"TORCH_OVERLAY": "on", "TORCH_OVERLAY_STRICT": "0", "TORCH_OVERLAY_CODE_CACHE": "true"}
+    assert load_config(env).problems == ()
+
+
+def test_cache_dir(tmp_path):
+    assert load_config({"TORCH_OVERLAY_CACHE_DIR": str(tmp_path)}).cache_dir == tmp_path
+    xdg = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    assert load_config(xdg).cache_dir == tmp_path / "xdg" / "torch_overlay"
+    # Empty values and a relative XDG_CACHE_HOME (invalid per the XDG spec) fall through.
+    fallback = Path("~/.cache/torch_overlay").expanduser()
+    assert load_config({"TORCH_OVERLAY_CACHE_DIR": "", "XDG_CACHE_HOME": ""}).cache_dir == fallback
+    assert load_config({"XDG_CACHE_HOME": "relative"}).cache_dir == fallback
+
+
+def test_disable_list():
+    assert load_config({"TORCH_OVERLAY_DISABLE": " a, b ,,"}).disabled_ids == frozenset({"a", "b"})
+
+
+def test_new_fields_have_defaults(tmp_path):
+    config = Config(enabled=True, disabled_ids=frozenset(), strict=False, patches_dir=tmp_path)
+    assert config.code_cache is True
+    assert config.problems == ()
+    assert config.cache_dir == load_config(os.environ).cache_dir
