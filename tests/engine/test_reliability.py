@@ -101,3 +101,15 @@ def test_an_unknown_disabled_id_warns_with_the_known_ids(sandbox, config):
     with pytest.warns(UserWarning, match="unknown patch id.*fxi; known: fix"):
         overlay.activate()
     overlay.revert()
+
+
+def test_a_switch_value_not_understood_is_reported_and_the_kill_switch_holds():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_OVERLAY": "disabled"}
+    code = "import torch_overlay; print(sorted({str(s.state) for s in torch_overlay.status()}))"
+    proc = subprocess.run([sys.executable, "-W", "always", "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.split() == ["['disabled']"]
+    assert "TORCH_OVERLAY='disabled' is not understood" in proc.stderr
+    status = subprocess.run(
+        [sys.executable, "-m", "torch_overlay", "status", "--lazy"], env=env, capture_output=True, text=True
+    )
+    assert status.returncode == 1 and "not understood" in status.stderr
