@@ -18,6 +18,8 @@ __all__ = [
     "ReplicaDivergenceWarning",
     "ReplicaMismatch",
     "ReplicaReport",
+    "RanksReport",
+    "check_ranks",
     "check_replicas",
     "guard_replicas",
     "revert",
@@ -45,6 +47,8 @@ _LAZY = {
     "ReplicaDivergenceError": "torch_overlay.replicas",
     "ReplicaDivergenceWarning": "torch_overlay.replicas",
     "ReplicaMismatch": "torch_overlay.replicas",
+    "check_ranks": "torch_overlay.ranks",
+    "RanksReport": "torch_overlay.ranks",
 }
 
 

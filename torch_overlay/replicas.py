@@ -25,6 +25,7 @@ from typing import Literal, TYPE_CHECKING
 import torch
 from torch import nn
 
+from .ranks import check_ranks, RanksReport
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -116,10 +117,12 @@ class ReplicaReport:
     # (tensor, mesh dim) pairs compared, skipped ones (grads not Replicate) excluded.
     num_checked: int
     num_collectives: int
+    # Ranks running a different torch or different overlay fixes compute different things.
+    ranks: RanksReport | None = None
 
     @property
     def ok(self) -> bool:
-        return not self.mismatches
+        return not self.mismatches and (self.ranks is None or self.ranks.ok)
 
     @property
     def diverged(self) -> tuple[str, ...]:
@@ -129,8 +132,11 @@ class ReplicaReport:
     def __str__(self) -> str:
         if self.ok:
             return f"replicas agree ({self.num_checked} tensor/mesh-dim pairs checked)"
-        head = f"replicas diverged ({self.num_checked} tensor/mesh-dim pairs compared):"
-        return "\n  ".join([head, *map(str, self.mismatches)])
+        parts = [] if self.ranks is None or self.ranks.ok else [str(self.ranks)]
+        if self.mismatches:
+            head = f"replicas diverged ({self.num_checked} tensor/mesh-dim pairs compared):"
+            parts.append("\n  ".join([head, *map(str, self.mismatches)]))
+        return "\n".join(parts)
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -337,8 +343,8 @@ def check_replicas(
     a float64 checksum: sum, sum of absolute values and a position-weighted sum
     (which catches permuted elements). All checksums bound for one process group
     are all-gathered together: one collective per distinct mesh-dim group,
-    whatever the number of parameters. Every rank of every mesh holding a
-    parameter of ``module`` must call it, in the same order as other collectives.
+    whatever the number of parameters. It first runs :func:`check_ranks` on the
+    world group, so every rank must call it, in the same order as other collectives.
 
     ``atol`` is an element-wise tolerance: checksums may differ by up to
     ``atol * numel`` (``1.5 *`` that for the weighted sum). ``atol=0`` requires
@@ -350,6 +356,7 @@ def check_replicas(
 
     if atol < 0:
         raise ValueError(f"atol must be >= 0, got {atol}")
+    ranks = check_ranks()
     # all_gather_into_tensor is deprecated from torch 2.13 in favour of this name.
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     with torch.no_grad():
@@ -369,7 +376,8 @@ def check_replicas(
             found, checked = _compare(bucket, gathered, atol)
             mismatches += found
             num_checked += checked
-    report = ReplicaReport(tuple(mismatches), num_checked, len(pending))
+    num_collectives = len(pending) + ranks.num_collectives
+    report = ReplicaReport(tuple(mismatches), num_checked, num_collectives, ranks)
     if raise_on_divergence and not report.ok:
         raise ReplicaDivergenceError(report)
     return report

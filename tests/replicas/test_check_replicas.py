@@ -178,7 +178,8 @@ class CheckReplicasTest(CheckReplicasTestMixin, DTensorTestBase):
             report = check_replicas(model)
         self.assertTrue(report.ok)
         self.assertEqual(report.num_checked, 20)
-        self.assertEqual((report.num_collectives, comm_mode.get_total_counts()), (1, 1))
+        # One all-gather for the mesh dim, one for check_ranks.
+        self.assertEqual((report.num_collectives, comm_mode.get_total_counts()), (2, 2))
 
         weight = model[3].weight.to_local()
         original = weight.clone()
@@ -250,8 +251,8 @@ class CheckReplicasWorld4Test(CheckReplicasTestMixin, DTensorTestBase):
         self._backward(model)
         with CommDebugMode() as comm_mode:
             report = check_replicas(model)
-        # One all-gather per mesh dim, whatever the number of parameters.
-        self.assertEqual((report.num_collectives, comm_mode.get_total_counts()), (2, 2))
+        # One all-gather per mesh dim, whatever the number of parameters, and one for check_ranks.
+        self.assertEqual((report.num_collectives, comm_mode.get_total_counts()), (3, 3))
         (mismatch,) = report.mismatches
         self.assertEqual((mismatch.name, mismatch.kind), ("gate.weight", "grad"))
         self.assertEqual((mismatch.mesh_dim, mismatch.mesh_dim_name), (1, "tp"))
