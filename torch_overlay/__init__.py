@@ -14,11 +14,11 @@ from ._engine import Overlay, OverlayError, PatchStatus
 __all__ = [
     "OverlayError",
     "PatchStatus",
+    "RanksReport",
     "ReplicaDivergenceError",
     "ReplicaDivergenceWarning",
     "ReplicaMismatch",
     "ReplicaReport",
-    "RanksReport",
     "check_ranks",
     "check_replicas",
     "guard_replicas",
