@@ -208,11 +208,16 @@ def check_ranks(group: ProcessGroup | None = None) -> RanksReport:
     One all-gather of a 32-byte hash per rank; when hashes differ, a second
     round (``all_gather_object``) gathers the fingerprints to name the ranks
     that differ and how. Returns a :class:`RanksReport`, equal on every rank.
+    Without an initialized process group it compares nothing and reports ok.
     """
     import torch
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _get_object_coll_device
 
+    if not dist.is_available() or not dist.is_initialized():
+        # A single process: nothing to compare with.
+        entry = _local_entry(0)
+        return RanksReport((entry,), 0, (), num_collectives=0)
     entry = _local_entry(dist.get_rank())
     digest = hashlib.sha256(repr(dataclasses.astuple(entry)[1:]).encode()).digest()
     device = _get_object_coll_device(group)

@@ -102,6 +102,12 @@ print(json.dumps({
 
 
 class CheckRanksEnvironmentTest(TestCase):
+    def test_without_process_group(self) -> None:
+        self.assertFalse(dist.is_initialized())
+        report = check_ranks()
+        self.assertTrue(report.ok)
+        self.assertEqual((len(report.entries), report.num_collectives), (1, 0))
+
     def _run(self, world_size: int, env_of_rank: dict[int, dict[str, str]]) -> list[dict]:
         base = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY")}
         base["PYTHONPATH"] = os.pathsep.join([str(REPO), base.get("PYTHONPATH", "")])
