@@ -18,11 +18,13 @@ __all__ = [
     "OverlayWarning",
     "PatchState",
     "PatchStatus",
+    "RanksReport",
     "ReplicaDivergenceError",
     "ReplicaDivergenceWarning",
     "ReplicaMismatch",
     "ReplicaReport",
     "Target",
+    "check_ranks",
     "check_replicas",
     "get_original",
     "guard_replicas",
@@ -66,6 +68,8 @@ _LAZY = {
     "ReplicaDivergenceError": "torch_overlay.replicas",
     "ReplicaDivergenceWarning": "torch_overlay.replicas",
     "ReplicaMismatch": "torch_overlay.replicas",
+    "check_ranks": "torch_overlay.ranks",
+    "RanksReport": "torch_overlay.ranks",
 }
 
 

@@ -39,6 +39,8 @@ from ._checksums import (
     STATUS,
 )
 
+from .ranks import check_ranks, RanksReport
+
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup, Work
@@ -121,10 +123,12 @@ class ReplicaReport:
     # (tensor, mesh dim) pairs compared, skipped ones (grads not Replicate) excluded.
     num_checked: int
     num_collectives: int
+    # Ranks running a different torch or different overlay fixes compute different things.
+    ranks: RanksReport | None = None
 
     @property
     def ok(self) -> bool:
-        return not self.mismatches
+        return not self.mismatches and (self.ranks is None or self.ranks.ok)
 
     @property
     def diverged(self) -> tuple[str, ...]:
@@ -134,8 +138,11 @@ class ReplicaReport:
     def __str__(self) -> str:
         if self.ok:
             return f"replicas agree ({self.num_checked} tensor/mesh-dim pairs checked)"
-        head = f"replicas diverged ({self.num_checked} tensor/mesh-dim pairs compared):"
-        return "\n  ".join([head, *map(str, self.mismatches)])
+        parts = [] if self.ranks is None or self.ranks.ok else [str(self.ranks)]
+        if self.mismatches:
+            head = f"replicas diverged ({self.num_checked} tensor/mesh-dim pairs compared):"
+            parts.append("\n  ".join([head, *map(str, self.mismatches)]))
+        return "\n".join(parts)
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -389,6 +396,7 @@ def check_replicas(
     held differently and compares nothing there. Otherwise the rows are
     all-gathered in one collective. Every rank of every mesh holding a
     parameter of ``module`` must call it, in the same order as other collectives.
+    It first runs :func:`check_ranks` on the world group, so every rank must call it.
 
     ``atol=0`` requires bit-identical replicas (NaN payloads aside). With
     ``atol > 0`` sizes and non-finite positions must match, and the finite
@@ -400,6 +408,7 @@ def check_replicas(
     """
     if atol < 0:
         raise ValueError(f"atol must be >= 0, got {atol}")
+    ranks = check_ranks()
     with torch.no_grad():
         buckets = _collect(module, grads=grads, params=params, atol=atol)
         # Round 1: every group agrees on what it compares (issued together, then waited on).
@@ -425,8 +434,8 @@ def check_replicas(
             found, checked = _compare(bucket, gathered, atol)
             mismatches += found
             num_checked += checked
-    num_collectives = len(headers) + len(disagreed) + len(pending)
-    report = ReplicaReport(tuple(mismatches), num_checked, num_collectives)
+    num_collectives = len(headers) + len(disagreed) + len(pending) + ranks.num_collectives
+    report = ReplicaReport(tuple(mismatches), num_checked, num_collectives, ranks)
     if raise_on_divergence and not report.ok:
         raise ReplicaDivergenceError(report)
     return report

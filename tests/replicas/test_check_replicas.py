@@ -178,8 +178,8 @@ class CheckReplicasTest(CheckReplicasTestMixin, DTensorTestBase):
             report = check_replicas(model)
         self.assertTrue(report.ok)
         self.assertEqual(report.num_checked, 20)
-        # One header and one all-gather of checksums per mesh dim.
-        self.assertEqual((report.num_collectives, comm_mode.get_total_counts()), (2, 2))
+        # One header and one all-gather of checksums per mesh dim, one for check_ranks.
+        self.assertEqual((report.num_collectives, comm_mode.get_total_counts()), (3, 3))
 
         weight = model[3].weight.to_local()
         original = weight.clone()
@@ -251,8 +251,8 @@ class CheckReplicasWorld4Test(CheckReplicasTestMixin, DTensorTestBase):
         self._backward(model)
         with CommDebugMode() as comm_mode:
             report = check_replicas(model)
-        # Two all-gathers per mesh dim, whatever the number of parameters.
-        self.assertEqual((report.num_collectives, comm_mode.get_total_counts()), (4, 4))
+        # Two all-gathers per mesh dim, whatever the number of parameters, and one for check_ranks.
+        self.assertEqual((report.num_collectives, comm_mode.get_total_counts()), (5, 5))
         (mismatch,) = report.mismatches
         self.assertEqual((mismatch.name, mismatch.kind), ("gate.weight", "grad"))
         self.assertEqual((mismatch.mesh_dim, mismatch.mesh_dim_name), (1, "tp"))
