@@ -61,10 +61,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.needed:
         needed = needed_ids(patches)
         patches = [p for p in patches if p.id in needed]
-    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     verdicts = verify(
         patches, repo, quick=args.quick, jobs=args.jobs, timeout=args.timeout,
-        torch_version=torch_version(), progress=progress,
+        torch_version=torch_version(), progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     if args.json:
         print(json.dumps({"torch": torch_version(), "verdicts": [v.as_dict() for v in verdicts]}, indent=2))

@@ -126,7 +126,9 @@ def judge(without: Outcome, with_: Outcome) -> str:
 
 
 def _first_line(text: str | None, limit: int = 200) -> str:
-    line = next((s.strip() for s in (text or "").splitlines() if s.strip()), "")
+    """The message's first line that says something (not a wrapper's ``... raised:``)."""
+    lines = [s.strip() for s in (text or "").splitlines() if s.strip()]
+    line = next((s for s in lines if not s.endswith(":")), lines[0] if lines else "")
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
@@ -165,6 +167,7 @@ class _Run:
     estimate: float | None = None
     started: float | None = None
     finished: bool = False
+    tests_done: int = 0
 
     @property
     def args(self) -> list[str]:
@@ -266,6 +269,12 @@ def _plan_runs(reproducers: list[Reproducer], quick: bool, jobs: int) -> list[_R
     return [_Run(group, side) for group in groups for side in SIDES]
 
 
+def _describe(run: _Run) -> str:
+    if len(run.reproducers) > 1:
+        return f"{run.side} the overlay {run.tests_done}/{len(run.reproducers)} tests done"
+    return f"{run.reproducers[0].id} {run.side} the overlay, {run.tests_done} tests done"
+
+
 def _fmt_s(seconds: float) -> str:
     return f"{seconds:.0f}s" if seconds >= 10 else f"{seconds:.1f}s"
 
@@ -317,6 +326,7 @@ def verify(
                 stamp(f"{rid}: {verdict} ({done}/{len(found)} done{left()})")
 
     def on_test(run: _Run, node: str, word: str) -> None:
+        run.tests_done += 1
         if len(run.reproducers) > 1:
             rep = next((r for r in run.reproducers if r.node == node), None)
             if rep is not None:
@@ -356,8 +366,7 @@ def verify(
                 for future in finished:
                     future.result()
                 if not finished:
-                    running = [f"{r.side}: {', '.join(x.id for x in r.reproducers)}" for r in runs if r.started and not r.finished]
-                    stamp(f"running {'; '.join(running)}{left()}")
+                    stamp(f"running: {'; '.join(_describe(r) for r in runs if r.started and not r.finished)}{left()}")
         except BaseException:
             runner.kill_all()
             raise
@@ -394,5 +403,6 @@ def format_verdicts(verdicts: list[Verdict], width: int = 100) -> str:
         out.append(line(row))
         for label, text in (("bug", v.symptom), *v.details.items(), ("test", v.test)):
             if text:
-                out.extend(textwrap.wrap(text, width, initial_indent=f"    {label}: ", subsequent_indent="      "))
+                indent = f"    {label}: "
+                out.extend(textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=" " * len(indent), break_long_words=False))
     return "\n".join(out)
