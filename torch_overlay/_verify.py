@@ -18,6 +18,7 @@ import textwrap
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -36,7 +37,15 @@ VERDICTS = {
 }
 SIDES = ("without", "with")
 _RESULT_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
-_WORDS = {"PASSED": "pass", "FAILED": "fail", "ERROR": "error", "SKIPPED": "skipped", "XFAIL": "xfail", "XPASS": "xpass"}
+# pytest's -v words, as the tables say them
+_WORDS = {
+    "PASSED": "pass",
+    "FAILED": "fail",
+    "ERROR": "error",
+    "SKIPPED": "skipped",
+    "XFAIL": "xfail",
+    "XPASS": "xpass",
+}
 _HEARTBEAT_S = 30.0
 
 
@@ -227,10 +236,10 @@ class _Runner:
             timed_out = threading.Event()
             timer = threading.Timer(self.timeout, lambda: (timed_out.set(), self._kill(proc)))
             timer.start()
-            tail: list[str] = []
+            tail: deque[str] = deque(maxlen=20)
             assert proc.stdout is not None
             for line in proc.stdout:
-                tail = (tail + [line.rstrip()])[-20:]
+                tail.append(line.rstrip())
                 m = _RESULT_LINE.match(line)
                 if m:
                     on_test(run, m.group(1), m.group(2))
@@ -309,10 +318,12 @@ def verify(
 
     def left() -> str:
         pending = [r for r in runs if not r.finished]
-        if not pending or any(r.estimate is None for r in pending):
+        estimates = [r.estimate for r in pending]
+        if not pending or None in estimates:
             return ""
         now = time.monotonic()
-        work = sum(max(0.0, r.estimate - (now - r.started if r.started else 0.0)) for r in pending)  # type: ignore[operator]
+        ran = [now - r.started if r.started else 0.0 for r in pending]
+        work = sum(max(0.0, (e or 0.0) - t) for e, t in zip(estimates, ran))
         return f"; ~{_fmt_s(work / min(jobs, len(pending)))} left (from the last run)"
 
     def record(rid: str, side: str, outcome: Outcome) -> None:
@@ -404,5 +415,9 @@ def format_verdicts(verdicts: list[Verdict], width: int = 100) -> str:
         for label, text in (("bug", v.symptom), *v.details.items(), ("test", v.test)):
             if text:
                 indent = f"    {label}: "
-                out.extend(textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=" " * len(indent), break_long_words=False))
+                out.extend(
+                    textwrap.wrap(
+                        text, width, initial_indent=indent, subsequent_indent=" " * len(indent), break_long_words=False
+                    )
+                )
     return "\n".join(out)

@@ -19,18 +19,21 @@ REPO = Path(__file__).resolve().parents[2]
 TOOLS = ("expecttest", "hypothesis", "pytest", "numpy")
 
 
+def _digest(text: str) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+
+
 def _wheel(folder: Path, name: str, version: str) -> None:
     """A pure-Python wheel ``name==version`` whose package only knows its version."""
     files = {
         f"{name}/__init__.py": f'__version__ = "{version}"\n',
         f"{name}/version.py": f'__version__ = "{version}"\n',
         f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{name}-{version}.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
     }
-    record = [
-        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},{len(text.encode())}"
-        for path, text in files.items()
-    ]
+    record = [f"{path},sha256={_digest(text)},{len(text.encode())}" for path, text in files.items()]
     files[f"{name}-{version}.dist-info/RECORD"] = "\n".join(record + [f"{name}-{version}.dist-info/RECORD,,"]) + "\n"
     with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
         for path, text in files.items():

@@ -66,7 +66,8 @@ def test_pip_install_then_torch_overlay_status_reads_the_packaged_series(tmp_pat
     assert listed == {p.id for p in read_series(REPO / "patches")}
 
     # One version source: the metadata pip recorded is the package's own __version__.
-    code = "import importlib.metadata as m, torch_overlay._version as v; print(m.version('torch_overlay'), v.__version__)"
+    code = "import importlib.metadata as m, torch_overlay._version as v\n"
+    code += "print(m.version('torch_overlay'), v.__version__)"
     out = subprocess.run([venv / "bin" / "python", "-c", code], capture_output=True, text=True, env=env, cwd=elsewhere)
     installed, own = out.stdout.split()
     assert installed == own
