@@ -37,14 +37,14 @@ VERDICTS = {
 }
 SIDES = ("without", "with")
 _RESULT_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
-# pytest's -v words, as the tables say them
+# pytest's -v words as Outcome states: what a test's line says before the JUnit report is written
 _WORDS = {
     "PASSED": "pass",
     "FAILED": "fail",
     "ERROR": "error",
     "SKIPPED": "skipped",
-    "XFAIL": "xfail",
-    "XPASS": "xpass",
+    "XFAIL": "skipped",
+    "XPASS": "pass",
 }
 _HEARTBEAT_S = 30.0
 
@@ -324,15 +324,19 @@ def verify(
         now = time.monotonic()
         ran = [now - r.started if r.started else 0.0 for r in pending]
         work = sum(max(0.0, (e or 0.0) - t) for e, t in zip(estimates, ran))
+        if work < 1.0:  # running past the last run's time: no estimate to give
+            return ""
         return f"; ~{_fmt_s(work / min(jobs, len(pending)))} left (from the last run)"
 
+    announced: set[str] = set()
+
     def record(rid: str, side: str, outcome: Outcome) -> None:
+        """Keep the latest outcome (the JUnit report's over the -v line's); announce a verdict once."""
         with lock:
-            if side in results[rid]:
-                return
             results[rid][side] = outcome
-            if len(results[rid]) == 2:
-                done = sum(len(r) == 2 for r in results.values())
+            if len(results[rid]) == 2 and rid not in announced:
+                announced.add(rid)
+                done = len(announced)
                 verdict = judge(results[rid]["without"], results[rid]["with"])
                 stamp(f"{rid}: {verdict} ({done}/{len(found)} done{left()})")
 
@@ -342,6 +346,7 @@ def verify(
             rep = next((r for r in run.reproducers if r.node == node), None)
             if rep is not None:
                 stamp(f"{rep.id} {run.side} the overlay: {_WORDS[word]}")
+                record(rep.id, run.side, Outcome(_WORDS[word]))
 
     def execute(run: _Run) -> None:
         names = ", ".join(r.id for r in run.reproducers)
