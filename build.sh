@@ -6,17 +6,20 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 VENV_ROOT="${TORCH_OVERLAY_VENVS:-$HOME/.cache/torch_overlay/venvs}"
 DEPS=(expecttest hypothesis pytest numpy)
+# The interpreter that creates the private venvs.
+BASE_PYTHON="${TORCH_OVERLAY_BASE_PYTHON:-python3}"
 
 usage() {
   cat <<'USAGE'
 Usage: ./build.sh VERB [ARGS]
 
-  demo                 install what is needed, show the status table and each fix's reproducer
-                       without and with the overlay
+  demo                 the status table, then the smallest reproducer of each fix this torch
+                       needs, without and with the overlay (about a minute once torch is installed)
   test [PYTEST ARGS]   run the whole test suite (TORCH_VERSION=2.11.0 ./build.sh test for another torch)
   bench                import-time and fix benchmarks
   status [--json]      python -m torch_overlay status
-  verify [IDS]         python -m torch_overlay verify
+  verify [IDS] [--quick] [-j N]
+                       python -m torch_overlay verify: each fix's tests without and with the overlay
   apply PYTORCH_SRC [--check|--reverse]
                        apply the patch series to a PyTorch git checkout (checks all first)
   wheel [--out DIR] [WHEEL]
@@ -28,50 +31,74 @@ Usage: ./build.sh VERB [ARGS]
   python               print the path of the Python interpreter used for TORCH_VERSION
   help                 this text
 
-Environment: TORCH_VERSION (default 2.13.0) picks the torch; versions other than the machine's
-default live in venvs under ~/.cache/torch_overlay/venvs/<version> (TORCH_OVERLAY_VENVS), created
-on first use.
+Environment: TORCH_VERSION (default 2.13.0) picks the torch. Each version lives in a private venv,
+~/.cache/torch_overlay/venvs/<version> (TORCH_OVERLAY_VENVS), created on first use with exactly that
+torch; nothing is installed into your own Python. PYTHON=/path/to/python uses that interpreter
+instead, if its torch is TORCH_VERSION.
 USAGE
 }
 
-# Print the interpreter for TORCH_VERSION, installing torch and the test deps if needed.
-python_for_version() {
-  local v="$TORCH_VERSION" py
-  for py in "${PYTHON:-}" python3; do
-    [ -n "$py" ] || continue
-    if command -v "$py" >/dev/null 2>&1 && [ "$("$py" - <<'PY' 2>/dev/null
-import importlib.util, re, pathlib
-spec = importlib.util.find_spec("torch")
-if spec:
-    text = (pathlib.Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
-    print(re.search(r"__version__\s*(?::\s*str\s*)?=\s*['\"]([^'\"+]+)", text).group(1))
+# The torch version (without a local label such as +cpu) of interpreter $1, read without importing
+# torch; empty when it has no complete torch install (pip writes the dist-info last).
+torch_version_of() {
+  [ -x "$(command -v "$1" 2>/dev/null)" ] || return 0
+  "$1" - <<'PY' 2>/dev/null || true
+import importlib.metadata, importlib.util
+if importlib.util.find_spec("torch"):
+    print(importlib.metadata.version("torch").split("+")[0])
 PY
-)" = "$v" ]; then
-      ensure_deps "$py"
-      command -v "$py"
-      return
+}
+
+# Print the interpreter for TORCH_VERSION: $PYTHON if its torch is that version, else the private
+# venv $VENV_ROOT/<version>, created (or rebuilt, if an install failed half way) on first use.
+# Nothing is installed into any other interpreter.
+python_for_version() {
+  local v="$TORCH_VERSION" py found
+  if [ -n "${PYTHON:-}" ]; then
+    found="$(torch_version_of "$PYTHON")"
+    if [ "$found" != "$v" ]; then
+      echo "error: PYTHON=$PYTHON has torch ${found:-(none)}, not $v: set TORCH_VERSION=${found:-...}, or unset PYTHON to use the private venv $VENV_ROOT/$v" >&2
+      exit 2
     fi
-  done
-  if [ "$v" = "2.13.0" ] && [ -z "${TORCH_OVERLAY_FORCE_VENV:-}" ]; then
-    # The machine keeps a 2.13.0 CPU wheel: a plain install takes it in seconds.
-    echo "installing torch==$v into $(command -v python3)" >&2
-    python3 -m pip install -q "torch==$v" "${DEPS[@]}" >&2
-    command -v python3
+    ensure_deps "$PYTHON" "PYTHON=$PYTHON"
+    command -v "$PYTHON"
     return
   fi
   py="$VENV_ROOT/$v/bin/python"
-  if [ ! -x "$py" ] || ! "$py" -c "import torch" >/dev/null 2>&1; then
-    echo "creating $VENV_ROOT/$v with torch==$v (a few minutes, ~4.6 GB)" >&2
-    python3 -m venv "$VENV_ROOT/$v" >&2
-    "$py" -m pip install -q "torch==$v" "${DEPS[@]}" >&2
+  if [ "$(torch_version_of "$py")" != "$v" ]; then
+    create_venv "$v"
   fi
-  ensure_deps "$py"
+  ensure_deps "$py" "the private venv $VENV_ROOT/$v"
   echo "$py"
 }
 
+create_venv() {
+  local v="$1" dir="$VENV_ROOT/$1"
+  if [ -e "$dir" ]; then
+    echo "== $dir has no torch $v (an earlier install failed or was interrupted): rebuilding it" >&2
+  fi
+  echo "== installing torch==$v and the test tools (${DEPS[*]}) into a private venv, $dir," >&2
+  echo "   because build.sh does not install into your own Python (PYTHON=/path/to/python uses one that has torch $v)" >&2
+  "$BASE_PYTHON" -m venv --clear "$dir" >&2
+  # Pinned exactly: this venv exists for torch $v, so a machine-wide pip constraint (pip.conf's
+  # global.constraint, PIP_CONSTRAINT) capping torch must not veto it.
+  if ! PIP_CONSTRAINT=/dev/null "$dir/bin/python" -m pip install -q "torch==$v" "${DEPS[@]}" >&2; then
+    echo "error: pip could not install torch==$v into $dir (pip's error is above); the next run rebuilds it" >&2
+    exit 1
+  fi
+  local got
+  got="$(torch_version_of "$dir/bin/python")"
+  if [ "$got" != "$v" ]; then
+    echo "error: pip installed torch ${got:-(none)} into $dir, not $v" >&2
+    exit 1
+  fi
+}
+
+# Install the missing test tools into interpreter $1 (described by $2).
 ensure_deps() {
-  "$1" -c "import expecttest, hypothesis, pytest, numpy" >/dev/null 2>&1 ||
-    "$1" -m pip install -q "${DEPS[@]}" >&2
+  "$1" -c "import expecttest, hypothesis, pytest, numpy" >/dev/null 2>&1 && return
+  echo "== installing the test tools (${DEPS[*]}) into $2: the tests need them" >&2
+  "$1" -m pip install -q "${DEPS[@]}" >&2
 }
 
 run_py() {
@@ -104,11 +131,14 @@ cmd_test() {
 }
 
 cmd_demo() {
-  echo "== python -m torch_overlay status (torch $TORCH_VERSION)"
-  run_py -m torch_overlay status
+  local py
+  py="$(python_for_version)"
+  echo "== python -m torch_overlay status (torch $TORCH_VERSION, $py)"
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" -m torch_overlay status
   echo
-  echo "== python -m torch_overlay verify: each fix's reproducer without and with the overlay"
-  run_py -m torch_overlay verify
+  echo "== python -m torch_overlay verify --quick --needed: the smallest reproducer of each fix this torch"
+  echo "   needs, without and with the overlay (all of them in one pytest process each way, side by side)"
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" -m torch_overlay verify --quick --needed "$@"
 }
 
 cmd_bench() {

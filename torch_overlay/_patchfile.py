@@ -23,6 +23,8 @@ KNOWN_FIELDS = (
     "Torch-Versions",
     "Test",
     "Test-Select",
+    "Quick-Test",
+    "Symptom",
     "Upstream-Test",
     "Guard-Test",
     "Upstream-Guard-Test",
