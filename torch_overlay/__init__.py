@@ -10,10 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from ._engine import Overlay
+from ._version import __version__
 from ._state import Mode, OverlayError, OverlayWarning, PatchState, PatchStatus, Target
 
 __all__ = [
     "Mode",
+    "__version__",
     "OverlayError",
     "OverlayWarning",
     "PatchState",
