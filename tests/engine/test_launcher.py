@@ -101,3 +101,59 @@ def test_a_missing_command_is_reported():
         text=True,
     )
     assert proc.returncode == 127 and "command not found" in proc.stderr
+
+
+# Rank 1 pretends to run without one fix (as if TORCH_OVERLAY_DISABLE were set on its node).
+CHECK_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    import torch.distributed as dist
+
+    overlay = sys.modules["torch_overlay"]
+    if os.environ["RANK"] == "1" and os.environ.get("MAKE_RANK_DIFFER"):
+        real = overlay.status
+
+        def status():
+            rows = real()
+            rows[0].state = overlay.PatchState.DISABLED
+            return rows
+
+        overlay.status = status
+    dist.init_process_group("gloo")  # the launcher checks the ranks right after this
+    print("RANK-DONE", dist.get_rank(), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _torchrun(tmp_path: Path, script: str, *launcher_args: str, env: dict | None = None):
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    runner = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, str(REPO / "torch_overlay" / "launcher.py"), *launcher_args, "--", *runner]
+        + ["--standalone", "--nproc_per_node", "2", str(path)],
+        cwd=tmp_path,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_check_ranks_after_init_process_group(tmp_path):
+    agree = _torchrun(tmp_path, CHECK_SCRIPT, "--check-ranks")
+    assert agree.returncode == 0, agree.stderr[-3000:]
+    assert agree.stdout.count("RANK-DONE") == 2 and "differ" not in agree.stderr
+
+    differ = _torchrun(tmp_path, CHECK_SCRIPT, "--check-ranks", env={"MAKE_RANK_DIFFER": "1"})
+    assert differ.returncode == 0, differ.stderr[-3000:]
+    assert "rank 1" in differ.stderr.lower() or "[1]" in differ.stderr, differ.stderr[-3000:]
+
+    strict = _torchrun(
+        tmp_path, CHECK_SCRIPT, "--check-ranks", env={"MAKE_RANK_DIFFER": "1", "TORCH_OVERLAY_STRICT": "1"}
+    )
+    assert strict.returncode != 0 and "OverlayError" in strict.stderr
