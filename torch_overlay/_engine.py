@@ -25,6 +25,7 @@ from ._config import Config, load_config
 from ._decide import decide
 from ._importhook import ImportHook
 from ._invalidate import clear_dtensor_caches, CompileCacheSalt, touches_dtensor
+from ._originals import codes_of, find_code, with_code
 from ._patchfile import PatchFile
 from ._series import Patch, read_series, SeriesError
 from ._state import Mode, OverlayError, OverlayWarning, PatchState, PatchStatus, Target
@@ -536,7 +537,7 @@ class Overlay:
                 if plan is not None and plan.code is not None:
                     if any(obj.__qualname__ in names for names in plan.code.changed.values()):
                         return True
-            return any(id(c) in codes for c in _codes_of(obj))
+            return any(id(c) in codes for c in codes_of(obj))
 
     def get_original(self, obj: Any) -> Any:
         """The function as torch ships it: ``obj`` itself when no patch changed it."""
@@ -553,37 +554,8 @@ class Overlay:
             component = self._by_module[module]
             plan = component.modules[module]
             unpatched = compile(plan.base, str(plan.file), "exec", dont_inherit=True)  # as torch ships it
-            original = _find_code(unpatched, code.co_qualname)
+            original = find_code(unpatched, code.co_qualname)
         if original is None or original.co_freevars != code.co_freevars:
             raise ValueError(f"{code.co_qualname}: the patch added it; torch has no original")
-        copy = types.FunctionType(original, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-        copy.__kwdefaults__ = fn.__kwdefaults__
-        copy.__dict__.update(fn.__dict__)
-        copy.__qualname__ = fn.__qualname__
-        return copy
+        return with_code(fn, original)
 
-
-def _codes_of(obj: object) -> list[types.CodeType]:
-    obj = getattr(obj, "__func__", obj)
-    if isinstance(obj, type):
-        out = []
-        for value in vars(obj).values():
-            value = getattr(value, "__func__", value)
-            for part in (value, getattr(value, "fget", None), getattr(value, "fset", None)):
-                code = getattr(part, "__code__", None)
-                if code is not None:
-                    out.append(code)
-        return out
-    code = getattr(obj, "__code__", None)
-    return [code] if code is not None else []
-
-
-def _find_code(code: types.CodeType, qualname: str) -> types.CodeType | None:
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            if const.co_qualname == qualname:
-                return const
-            found = _find_code(const, qualname)
-            if found is not None:
-                return found
-    return None
