@@ -67,7 +67,10 @@ class CompileCacheSalt:
         cconfig = sys.modules.get(COMPILER_CONFIG)
         if cconfig is None or getattr(getattr(cconfig, "__spec__", None), "_initializing", False):
             return False
-        current = cconfig.cache_key_tag or ""
+        current = getattr(cconfig, "cache_key_tag", None)
+        if current is None:
+            return True  # a torch without the option: nothing to salt (and nothing to wait for)
+        current = current or ""
         if current != self._written:
             # First write, or the user changed the tag: all of it but our old salt is theirs.
             parts = current.split("|") if current else []

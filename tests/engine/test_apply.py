@@ -243,8 +243,16 @@ def test_traceback_shows_patched_line(sandbox, config, overlays):
     assert "raise ValueError('patched', x)" in text and mod.__file__ in text
 
 
-def test_compile_cache_key_is_salted_and_keeps_the_users_tag(sandbox, config, overlays, monkeypatch):
-    monkeypatch.setattr(compiler_config, "cache_key_tag", "mine")
+@pytest.fixture
+def user_tag():
+    # Not monkeypatch: on torch 2.11 its undo deletes the config entry.
+    before = compiler_config.cache_key_tag
+    compiler_config.cache_key_tag = "mine"
+    yield
+    compiler_config.cache_key_tag = before
+
+
+def test_compile_cache_key_is_salted_and_keeps_the_users_tag(sandbox, config, user_tag, overlays):
     name, path = sandbox.module(MODULE)
     other = "def g():\n    return 1\n"
     name_b, path_b = sandbox.module(other)
