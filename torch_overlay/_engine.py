@@ -413,10 +413,17 @@ class Overlay:
                 raise OverlayError(f"torch_overlay: patch {entry.patch.id} {entry.state}: {entry.reason}")
 
     def _after_change(self, modules: list[str]) -> None:
-        if touches_dtensor(modules):
-            clear_dtensor_caches()
-        live = [e for e in self._entries if e.live and e.variant is not None]
-        self._salt.set(",".join(f"torch_overlay:{e.patch.id}@{_short_hash(e.variant.text)}" for e in live))
+        try:
+            if touches_dtensor(modules):
+                clear_dtensor_caches()
+            live = [e for e in self._entries if e.live and e.variant is not None]
+            self._salt.set(",".join(f"torch_overlay:{e.patch.id}@{_short_hash(e.variant.text)}" for e in live))
+        except Exception as exc:  # noqa: BLE001 - runs inside an import: never break it
+            if self.config.strict:
+                raise
+            message = f"torch_overlay: could not refresh torch's caches after a patch ({type(exc).__name__}: {exc})"
+            warnings.warn(message, OverlayWarning, stacklevel=3)
+            log.warning(message)
 
     # ---------------------------------------------------------------- revert
     def revert(self) -> list[str]:
