@@ -111,7 +111,8 @@ def reproducer(patch: Patch, repo: Path, quick: bool) -> Reproducer | None:
 def needed_ids(patches: list[Patch]) -> set[str]:
     """Ids of the patches the installed torch needs, decided on its source files, without importing it."""
     from ._versions import torch_root, torch_version
-    from .tools._plan import APPLY, plan_series
+    from ._state import PatchState
+    from .tools._plan import plan_series
 
     root = torch_root()
 
@@ -120,7 +121,7 @@ def needed_ids(patches: list[Patch]) -> set[str]:
         return file.read_text(encoding="utf-8") if file.is_file() else None
 
     plan = plan_series([p for p in patches if not p.error], torch_version(), read)
-    return {step.patch.id for step in plan.steps if step.state == APPLY}
+    return {step.patch.id for step in plan.steps if step.state == PatchState.APPLIED}
 
 
 def judge(without: Outcome, with_: Outcome) -> str:

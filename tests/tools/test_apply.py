@@ -23,7 +23,7 @@ from torch_overlay.tools._checkout import open_checkout
 from torch_overlay.tools._plan import load_series, Plan, plan_series
 
 VERSIONS = versions_under_test()
-WORDS = {"apply": "would apply", "upstream": "upstream", "drift": "drift"}
+WORDS = {"applied": "would apply", "upstream": "upstream", "drift": "drift"}
 
 
 def _plan(src: Path, patches: Path = PATCHES) -> Plan:
@@ -66,7 +66,7 @@ def test_apply_twice_then_reverse(release, checkout, build_cli):
     for path in plan.changed:
         assert (src / path).read_text() == plan.after[path]
     for step in plan.steps:
-        assert _line(out, "applied" if step.state == "apply" else "upstream", step.patch.id), out
+        assert _line(out, "applied" if step.state == "applied" else "upstream", step.patch.id), out
 
     applied = _snapshot(src)
     rc, out, err = build_cli("apply", src, "--patches", PATCHES)
