@@ -1,6 +1,7 @@
 """One rule, shared by the runtime overlay and the source-build tools: what a patch does to a tree.
 
-For each variant (those written for the installed version first): if its reverse diff applies,
+A torch older than ``Introduced`` does not have the bug (``not needed``). Otherwise, for each
+variant (those written for the installed version first): if its reverse diff applies,
 the tree already has it (``upstream``); otherwise the first variant whose forward diff applies is
 used (``applied``). Failing both, a torch at or past ``Applied-Upstream`` has the fix by another
 change (``upstream``); anything else is ``drift``.
@@ -37,6 +38,9 @@ def apply_variant(variant: PatchFile, texts: dict[str, str], reverse: bool = Fal
 
 def decide(patch: Patch, version: str, texts: dict[str, str]) -> Decision:
     """What ``patch`` does to ``texts`` (path -> current text) on torch ``version``."""
+    introduced = patch.main.fields.get("Introduced", "") if patch.main else ""
+    if introduced and parse_version(version) < parse_version(introduced):
+        return Decision(PatchState.NOT_NEEDED, f"the bug came with torch {introduced}; torch {version} does not have it")
     forward: Decision | None = None
     missing: set[str] = set()
     for variant in patch.ordered_variants(version):

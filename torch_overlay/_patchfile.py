@@ -19,6 +19,7 @@ KNOWN_FIELDS = (
     "Origin",
     "Forwarded",
     "Applied-Upstream",
+    "Introduced",
     "Affects",
     "Torch-Versions",
     "Test",

@@ -20,6 +20,7 @@ class PatchState(enum.StrEnum):
     APPLIED = "applied"  # the patched code is live (the build tools: the diff applies)
     UPSTREAM = "upstream"  # torch already has the change
     DRIFT = "drift"  # neither the diff nor its reverse fits
+    NOT_NEEDED = "not needed"  # the bug came later than this release (before `Introduced`)
     DISABLED = "disabled"  # switched off (or reverted)
     PENDING = "pending"  # waiting for its modules to be imported
     FAILED = "failed"  # anything unexpected; the reason says what

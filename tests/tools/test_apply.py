@@ -23,7 +23,7 @@ from torch_overlay.tools._checkout import open_checkout
 from torch_overlay.tools._plan import load_series, Plan, plan_series
 
 VERSIONS = versions_under_test()
-WORDS = {"applied": "would apply", "upstream": "upstream", "drift": "drift"}
+WORDS = {"applied": "would apply", "upstream": "upstream", "drift": "drift", "not needed": "not needed"}
 
 
 def _plan(src: Path, patches: Path = PATCHES) -> Plan:
@@ -66,13 +66,14 @@ def test_apply_twice_then_reverse(release, checkout, build_cli):
     for path in plan.changed:
         assert (src / path).read_text() == plan.after[path]
     for step in plan.steps:
-        assert _line(out, "applied" if step.state == "applied" else "upstream", step.patch.id), out
+        word = {"applied": "applied", "not needed": "not needed"}.get(step.state, "upstream")
+        assert _line(out, word, step.patch.id), out
 
     applied = _snapshot(src)
     rc, out, err = build_cli("apply", src, "--patches", PATCHES)
     assert rc == 0, err
     assert _snapshot(src) == applied
-    assert all(_line(out, "upstream", s.patch.id) for s in plan.steps), out
+    assert all(_line(out, "not needed" if s.state == "not needed" else "upstream", s.patch.id) for s in plan.steps), out
     assert "changed 0 file(s)" in out
     rc, out, _ = build_cli("apply", src, "--check", "--patches", PATCHES)
     assert rc == 0 and "would apply" not in out

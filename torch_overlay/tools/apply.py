@@ -100,6 +100,8 @@ def run_apply(
             rows.append(
                 ("upstream", step, step.reason if not reverse else f"part of this PyTorch, left alone: {step.reason}")
             )
+        elif step.state == PatchState.NOT_NEEDED:
+            rows.append(("not needed", step, step.reason))
         elif step.state == PatchState.DRIFT:
             rows.append(("drift", step, step.reason))
         elif step in present and not reverse:

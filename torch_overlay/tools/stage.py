@@ -154,8 +154,8 @@ def run_stage(
         )
     plan = plan_series(patches, checkout.version, checkout.head_text)
     for step in plan.steps:
-        if step.state == PatchState.UPSTREAM:
-            out.write(f"  skip      {step.patch.id}  (upstream: {step.reason})\n")
+        if step.state in (PatchState.UPSTREAM, PatchState.NOT_NEEDED):
+            out.write(f"  skip      {step.patch.id}  ({step.state}: {step.reason})\n")
     if plan.drifted:
         raise BuildError(
             "patch(es) do not fit this checkout (drift): "
