@@ -6,21 +6,21 @@ import os
 import subprocess
 import sys
 import tempfile
+import unittest  # torch_overlay: plumbing
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import distribute_tensor, Replicate, Shard
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import distribute_tensor, DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 
 WORLD_SIZE = 2
 NUM_STEPS = 3
-# Set in the job this file launches for one run of the ranks: where they report.
-OUT_DIR_ENV = "DTENSOR_CACHE_RANK_KEY_OUT"
 
 
 def vocab_parallel_loss(w, x, target):
@@ -56,20 +56,65 @@ def _rank_main(rank: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
+def spawn_ranks(out_dir: str) -> None:
+    mp.spawn(_rank_main, args=(out_dir,), nprocs=WORLD_SIZE)
+
+
+@unittest.skipIf(  # torch_overlay: plumbing
+    not hasattr(DTensor, "_stable_hash_for_caching"),  # torch_overlay: plumbing
+    "torch < 2.12 hashes DTensor inputs by default",  # torch_overlay: plumbing
+)  # torch_overlay: plumbing
+class TestDTensorCacheKeyPerRank(TestCase):
+    def setUp(self):
+        super().setUp()
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        super().tearDown()
+
+    def _cache_key(self, rank: int) -> str:
+        # The same global DTensor as seen from `rank`: equal specs on every rank.
+        mesh = DeviceMesh("cpu", torch.arange(2), _rank=rank)
+        local = torch.randn(3, 4)
+        dtensor = DTensor.from_local(local, mesh, [Shard(1)], run_check=False)
+        return dtensor._stable_hash_for_caching()
+
+    def test_cache_key_differs_between_ranks(self):
+        self.assertEqual(self._cache_key(0), self._cache_key(0))
+        self.assertNotEqual(self._cache_key(0), self._cache_key(1))
+
+    def test_cache_key_shared_when_compiling_on_one_rank(self):
+        # Graphs traced for all ranks at once compute the coordinate at run time.
+        # (The flag moved from torch.distributed.config to torch.compiler.config.)
+        config = torch.compiler.config
+        if not hasattr(config, "compile_on_one_rank"):
+            config = torch.distributed.config
+        with config.patch(compile_on_one_rank=True):
+            self.assertEqual(self._cache_key(0), self._cache_key(1))
+
+
 class TestCompileCacheSharedAcrossRanks(TestCase):
     def _run_ranks(self, cache_dir: str) -> list:
+        # A fresh job each time, as a restarted training job: nothing compiled in
+        # memory, only what the shared cache folder holds.
+        test_dir, test_file = os.path.split(os.path.abspath(__file__))
+        module = os.path.splitext(test_file)[0]
         with tempfile.TemporaryDirectory() as out_dir:
             env = dict(
                 os.environ,
+                PYTHONPATH=os.pathsep.join(
+                    filter(None, [test_dir, os.environ.get("PYTHONPATH")])
+                ),
                 TORCHINDUCTOR_CACHE_DIR=cache_dir,
                 TORCHINDUCTOR_FX_GRAPH_CACHE="1",
                 TORCHINDUCTOR_AUTOGRAD_CACHE="1",
                 TORCHINDUCTOR_COMPILE_THREADS="1",
                 OMP_NUM_THREADS="1",
-                **{OUT_DIR_ENV: out_dir},
             )
+            code = f"from {module} import spawn_ranks; spawn_ranks({out_dir!r})"
             proc = subprocess.run(
-                [sys.executable, __file__], env=env, capture_output=True, text=True
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True
             )
             self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
             results = []
@@ -90,12 +135,13 @@ class TestCompileCacheSharedAcrossRanks(TestCase):
                         msg = f"{run} cache, rank {rank}, step {i}"
                         eager_loss, eager_grad = step["eager"]
                         loss, grad = step["compiled"]
-                        self.assertEqual(loss, eager_loss, atol=1e-5, rtol=1e-5, msg=msg)
-                        self.assertEqual(grad, eager_grad, atol=1e-5, rtol=1e-5, msg=msg)
+                        self.assertEqual(
+                            loss, eager_loss, atol=1e-5, rtol=1e-5, msg=msg
+                        )
+                        self.assertEqual(
+                            grad, eager_grad, atol=1e-5, rtol=1e-5, msg=msg
+                        )
 
 
 if __name__ == "__main__":
-    if OUT_DIR_ENV in os.environ:
-        mp.spawn(_rank_main, args=(os.environ[OUT_DIR_ENV],), nprocs=WORLD_SIZE)
-    else:
-        run_tests()
+    run_tests()
