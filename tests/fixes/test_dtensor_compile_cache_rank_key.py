@@ -51,8 +51,9 @@ def _rank_main(rank: int, out_dir: str) -> None:
                 loss.backward()
             step[name] = (loss.full_tensor().item(), w.grad.full_tensor().tolist())
         steps.append(step)
+    cache_hits = torch._dynamo.utils.counters["aot_autograd"]["autograd_cache_hit"]
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(steps, f)
+        json.dump({"steps": steps, "cache_hits": cache_hits}, f)
     dist.destroy_process_group()
 
 
@@ -130,8 +131,10 @@ class TestCompileCacheSharedAcrossRanks(TestCase):
         # of a node, or a remote cache) must not serve one rank's graph to another.
         with tempfile.TemporaryDirectory() as cache_dir:
             for run in ("cold", "warm"):
-                for rank, steps in enumerate(self._run_ranks(cache_dir)):
-                    for i, step in enumerate(steps):
+                for rank, result in enumerate(self._run_ranks(cache_dir)):
+                    # Each rank finds its own graph again: the key is stable.
+                    self.assertEqual(result["cache_hits"], int(run == "warm"))
+                    for i, step in enumerate(result["steps"]):
                         msg = f"{run} cache, rank {rank}, step {i}"
                         eager_loss, eager_grad = step["eager"]
                         loss, grad = step["compiled"]
