@@ -129,11 +129,14 @@ class TestCompileCacheSharedAcrossRanks(TestCase):
         # global spec, but tracing bakes each rank's vocabulary offset into its
         # graph: a cache shared by the ranks (the default /tmp/torchinductor_$USER
         # of a node, or a remote cache) must not serve one rank's graph to another.
+        warm_hits = 1  # each rank finds its own graph again: the key is stable
+        # torch < 2.12 keys DTensor inputs anew in each process  # torch_overlay: plumbing
+        warm_hits = int(hasattr(DTensor, "_stable_hash_for_caching"))  # torch_overlay: plumbing
         with tempfile.TemporaryDirectory() as cache_dir:
             for run in ("cold", "warm"):
                 for rank, result in enumerate(self._run_ranks(cache_dir)):
-                    # Each rank finds its own graph again: the key is stable.
-                    self.assertEqual(result["cache_hits"], int(run == "warm"))
+                    hits = warm_hits if run == "warm" else 0
+                    self.assertEqual(result["cache_hits"], hits)
                     for i, step in enumerate(result["steps"]):
                         msg = f"{run} cache, rank {rank}, step {i}"
                         eager_loss, eager_grad = step["eager"]
