@@ -231,7 +231,8 @@ class Overlay:
                     outcome[id(entry)] = (decision.state, decision.reason, decision.variant, set())
                     continue
                 new = {p: t for p, t in decision.texts.items() if t != current[p]}
-                late = [p for p in new if component.targets[p].module in imported]
+                # In the patch's own file order: a definition it adds comes before its use elsewhere.
+                late = [t.path for t in entry.patch.targets if t.path in new and t.module in imported]
                 try:
                     swaps = [
                         plan_swap(

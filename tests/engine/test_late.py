@@ -144,3 +144,24 @@ def test_a_later_patch_is_decided_without_a_failed_one(sandbox, config, overlays
         overlay.activate()
     assert [s.state for s in overlay.status()] == ["failed", "applied"]
     assert mod.Box().get() == 3
+
+
+def test_a_late_patch_adds_a_definition_before_another_module_imports_it(sandbox, config, overlays):
+    # 0001 touches only B, so B comes first in the component; 0002 adds helper() to A and makes B
+    # import it: A must get its new definition before B's new import runs.
+    a_src = "def f():\n    return 1\n"
+    b_src = "def g():\n    return 10\n\n\ndef h():\n    return 0\n"
+    name_a, path_a = sandbox.module(a_src)
+    name_b, path_b = sandbox.module(b_src)
+    mod_a, mod_b = importlib.import_module(name_a), importlib.import_module(name_b)
+    b_one = b_src.replace("return 0", "return 5")
+    a_two = a_src + "\n\ndef helper():\n    return 32\n"
+    b_two = f"from {name_a} import helper\n\n\n" + b_one.replace("return 10", "return 10 + helper()")
+    sandbox.series(
+        ("0001-b.patch", make_patch("b", [make_diff(path_b, b_src, b_one)])),
+        ("0002-ab.patch", make_patch("ab", [make_diff(path_a, a_src, a_two), make_diff(path_b, b_one, b_two)])),
+    )
+    overlay = overlays(config())
+    overlay.activate()
+    assert [(s.state, s.mode) for s in overlay.status()] == [("applied", "swapped")] * 2, overlay.status()
+    assert mod_b.g() == 42 and mod_b.h() == 5 and mod_a.helper() == 32
