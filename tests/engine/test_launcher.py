@@ -48,11 +48,13 @@ SPAWN_SCRIPT = textwrap.dedent(
 )
 
 
-def _launch(tmp_path: Path, *command: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def _launch(
+    tmp_path: Path, *command: str, env: dict | None = None, options: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, str(REPO / "torch_overlay" / "launcher.py"), "--", *command],
+        [sys.executable, str(REPO / "torch_overlay" / "launcher.py"), *options, "--", *command],
         cwd=tmp_path,
         env=full_env,
         capture_output=True,
@@ -61,12 +63,16 @@ def _launch(tmp_path: Path, *command: str, env: dict | None = None) -> subproces
     )
 
 
-def test_torchrun_job_without_an_import_line_gets_the_fixes_on_every_rank(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(RANK_SCRIPT)
+def _torchrun(tmp_path: Path, script: str, *options: str, env: dict | None = None):
+    path = tmp_path / "train.py"
+    path.write_text(script)
     torchrun = Path(sys.executable).parent / "torchrun"
     runner = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    proc = _launch(tmp_path, *runner, "--standalone", "--nproc_per_node", "2", str(script))
+    return _launch(tmp_path, *runner, "--standalone", "--nproc_per_node", "2", str(path), env=env, options=options)
+
+
+def test_torchrun_job_without_an_import_line_gets_the_fixes_on_every_rank(tmp_path):
+    proc = _torchrun(tmp_path, RANK_SCRIPT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = [json.loads((tmp_path / f"report-{rank}.json").read_text()) for rank in (0, 1)]
     assert sorted(r["rank"] for r in reports) == [0, 1]
@@ -126,24 +132,6 @@ CHECK_SCRIPT = textwrap.dedent(
     dist.destroy_process_group()
     """
 )
-
-
-def _torchrun(tmp_path: Path, script: str, *launcher_args: str, env: dict | None = None):
-    path = tmp_path / "train.py"
-    path.write_text(script)
-    torchrun = Path(sys.executable).parent / "torchrun"
-    runner = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, str(REPO / "torch_overlay" / "launcher.py"), *launcher_args, "--", *runner]
-        + ["--standalone", "--nproc_per_node", "2", str(path)],
-        cwd=tmp_path,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def test_check_ranks_after_init_process_group(tmp_path):
