@@ -54,6 +54,7 @@ def _rank_main(rank: int, out_dir: str) -> None:
     cache_hits = torch._dynamo.utils.counters["aot_autograd"]["autograd_cache_hit"]
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"steps": steps, "cache_hits": cache_hits}, f)
+    dist.barrier()  # no rank tears gloo down while another still talks to it
     dist.destroy_process_group()
 
 
