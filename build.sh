@@ -28,6 +28,10 @@ Usage: ./build.sh VERB [ARGS]
   stage PYTORCH_SRC [--branch NAME] [--out DIR]
                        one commit per patch with its upstream test and PR body, on a new branch
   (apply, wheel and stage take --patches DIR to use another series)
+  compare TEST_FILE [--timeout S] [-- PYTEST ARGS]
+                       run a test file (e.g. PyTorch's own, fetched into a scratch folder) without
+                       and with the overlay; list every test whose outcome differs (exit 1 if a
+                       test that passes without the overlay fails with it)
   python               print the path of the Python interpreter used for TORCH_VERSION
   help                 this text
 
@@ -156,7 +160,7 @@ case "$verb" in
   bench) cmd_bench "$@" ;;
   status) run_py -m torch_overlay status "$@" ;;
   verify) run_py -m torch_overlay verify "$@" ;;
-  apply | wheel | stage) run_py -m torch_overlay.tools "$verb" "$@" ;;
+  apply | wheel | stage | compare) run_py -m torch_overlay.tools "$verb" "$@" ;;
   python) python_for_version ;;
   help | -h | --help) usage ;;
   *)

@@ -1,4 +1,4 @@
-"""``python -m torch_overlay.tools apply|wheel|stage`` (what ``./build.sh apply|wheel|stage`` runs)."""
+"""``python -m torch_overlay.tools apply|wheel|stage|compare`` (what ``./build.sh VERB`` runs)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     _add_patches(p)
 
+    p = sub.add_parser(
+        "compare",
+        help="run a test file without and with the overlay; list tests whose outcome differs",
+        description="Run TEST_FILE (e.g. one of PyTorch's own test files for a module a patch touches, "
+        "fetched into a scratch folder) with pytest twice, through the launcher: without and with the "
+        "overlay, each with its own compile caches. List every test whose outcome differs; exit 1 if "
+        "one that passes without the overlay fails with it.",
+    )
+    p.add_argument("test_file", type=Path, metavar="TEST_FILE")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per run (default: none)")
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="passed to pytest (e.g. -k 'subclass')")
+
     args = parser.parse_args(argv)
+    if args.verb == "compare":
+        from .compare import run_compare
+
+        extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+        return run_compare(args.test_file, extra, timeout=args.timeout)
     patches = (args.patches or load_config().patches_dir).resolve()
     try:
         if args.verb == "apply":

@@ -1,0 +1,109 @@
+"""``build.sh compare TEST_FILE [PYTEST ARGS]``: does the overlay change anything else?
+
+Runs a test file, typically one of PyTorch's own for a module a patch touches (fetched into a scratch
+folder, never into this repository), twice: without the overlay and with it, both through the
+launcher so that every process imports torch_overlay first, each with its own compile caches. Every
+test whose outcome differs is listed. A test that passes without the overlay and fails (or errors)
+with it is a regression: the exit status is then 1.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from ..launcher import launch_env
+
+__all__ = ["Difference", "compare", "outcomes", "run_compare"]
+
+_STATES = (("failure", "fail"), ("error", "error"), ("skipped", "skipped"))
+
+
+@dataclass(frozen=True)
+class Difference:
+    test: str
+    without: str
+    with_: str
+
+    @property
+    def regression(self) -> bool:
+        return self.without == "pass" and self.with_ in ("fail", "error", "absent")
+
+
+def outcomes(report: Path) -> dict[str, str]:
+    """``classname::name`` -> pass, fail, error or skipped, from a JUnit XML report."""
+    out: dict[str, str] = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        state = next((s for tag, s in _STATES if case.find(tag) is not None), "pass")
+        out[f"{case.get('classname', '')}::{case.get('name', '')}"] = state
+    return out
+
+
+def compare(without: dict[str, str], with_: dict[str, str]) -> list[Difference]:
+    """Tests whose outcome differs; a test that ran on one side only counts as ``absent`` on the other."""
+    names = sorted(without.keys() | with_.keys())
+    return [
+        Difference(name, without.get(name, "absent"), with_.get(name, "absent"))
+        for name in names
+        if without.get(name, "absent") != with_.get(name, "absent")
+    ]
+
+
+def _run(test_file: Path, pytest_args: list[str], overlay: bool, folder: Path, timeout: float | None) -> Path:
+    report = folder / f"junit-{'with' if overlay else 'without'}.xml"
+    env = launch_env(os.environ)
+    env["TORCH_OVERLAY"] = "1" if overlay else "0"
+    env.pop("TORCH_OVERLAY_DISABLE", None)
+    cache = folder / ("cache-with" if overlay else "cache-without")
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    cmd += [f"--junitxml={report}", test_file.name, *pytest_args]
+    try:
+        subprocess.run(cmd, cwd=test_file.parent, env=env, timeout=timeout, stdout=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        pass  # the report is written at the end: a run that timed out has none
+    return report
+
+
+def run_compare(
+    test_file: Path | str,
+    pytest_args: list[str] | None = None,
+    *,
+    timeout: float | None = None,
+    out: TextIO | None = None,
+) -> int:
+    out = out or sys.stdout
+    test_file = Path(test_file).resolve()
+    if not test_file.is_file():
+        out.write(f"error: {test_file} is not a file\n")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="torch_overlay-compare-") as tmp:
+        sides = {}
+        for overlay in (False, True):
+            report = _run(test_file, pytest_args or [], overlay, Path(tmp), timeout)
+            if not report.is_file():
+                side = "with" if overlay else "without"
+                out.write(f"error: the run {side} the overlay wrote no report (timed out or crashed)\n")
+                return 2
+            sides[overlay] = outcomes(report)
+    without, with_ = sides[False], sides[True]
+    diffs = compare(without, with_)
+    counts = {
+        name: {s: sum(1 for v in side.values() if v == s) for s in ("pass", "fail", "error", "skipped")}
+        for name, side in (("without", without), ("with", with_))
+    }
+    for name, c in counts.items():
+        out.write(f"{name} the overlay: " + ", ".join(f"{n} {s}" for s, n in c.items()) + "\n")
+    if not diffs:
+        out.write(f"no test of {test_file.name} changes outcome with the overlay ({len(without)} tests)\n")
+        return 0
+    out.write(f"{len(diffs)} test(s) change outcome (without -> with):\n")
+    for d in diffs:
+        out.write(f"  {'REGRESSION ' if d.regression else ''}{d.test}: {d.without} -> {d.with_}\n")
+    return 1 if any(d.regression for d in diffs) else 0
