@@ -18,7 +18,7 @@ import pytest
 
 from tests.tools._standin import installed_torches, PATCHES, REPO, versions_under_test
 from torch_overlay._series import read_series
-from torch_overlay._verify import test_classes
+from torch_overlay._verify import selected_classes
 from torch_overlay.tools._checkout import open_checkout
 from torch_overlay.tools._plan import load_series, plan_series
 from torch_overlay.tools._testfile import fix_test
@@ -86,7 +86,7 @@ def test_fix_tests_are_one_class_per_fix_in_modules_mirroring_upstream():
             fields = {**(patch.main.fields if patch.main else {}), **variant.fields}
             test, upstream = fields["Test"], fields["Upstream-Test"]
             assert test == "tests/fixes/" + upstream.removeprefix("test/"), f"{variant.path.name}: {test}"
-            classes = test_classes(fields.get("Test-Select", ""))
+            classes = selected_classes(fields.get("Test-Select", ""))
             assert classes and classes[0] == f"Test{_camel(patch.id)}", f"{variant.path.name}: {classes}"
             assert all(c.startswith(classes[0]) for c in classes), classes
             path, cls, _ = fields["Quick-Test"].split("::")

@@ -22,7 +22,7 @@ from tests.tools._standin import (
 from torch_overlay.tools import BuildError
 from torch_overlay.tools._checkout import open_checkout
 from torch_overlay.tools._plan import load_series, plan_series, series_hash
-from torch_overlay._verify import test_classes
+from torch_overlay._verify import selected_classes
 from torch_overlay.tools._testfile import fix_test, merge_test, reproducer_names, resolve_gates, strip_plumbing
 
 VERSIONS = versions_under_test()
@@ -81,7 +81,7 @@ def test_stage_one_commit_per_patch(release, checkout, build_cli, no_git_identit
         for bug in _field(step, "Bug").split(","):
             if "github.com/pytorch/pytorch/issues/" in bug:
                 assert f"Fixes #{bug.strip().rstrip('/').rsplit('/', 1)[1]}" in body
-        classes = test_classes(_field(step, "Test-Select"))
+        classes = selected_classes(_field(step, "Test-Select"))
         assert classes, f"{step.patch.id}: no Test-Select"
         command = f"python {upstream_test} -k {shlex.quote(' or '.join(classes))}"
         assert f"Test Plan:\n{command}" in body
@@ -109,7 +109,7 @@ def test_stage_one_commit_per_patch(release, checkout, build_cli, no_git_identit
     first = plan.applying[0]
     if not _exists(src, start, _field(first, "Upstream-Test")):
         assert git(src, "show", f"{commits[0]}:{_field(first, 'Upstream-Test')}") == fix_test(
-            (REPO / _field(first, "Test")).read_text(), test_classes(_field(first, "Test-Select"))
+            (REPO / _field(first, "Test")).read_text(), selected_classes(_field(first, "Test-Select"))
         )
 
 
@@ -122,8 +122,8 @@ def other_classes(pid: str) -> set[str]:
     out = set()
     for patch in load_series(PATCHES):
         if patch.id != pid and patch.main is not None:
-            out |= set(test_classes(patch.main.fields.get("Test-Select", "")))
-            out |= set(test_classes(patch.main.fields.get("Guard-Test", "").partition("::")[2]))
+            out |= set(selected_classes(patch.main.fields.get("Test-Select", "")))
+            out |= set(selected_classes(patch.main.fields.get("Guard-Test", "").partition("::")[2]))
     return out
 
 
@@ -299,7 +299,7 @@ def test_stage_commits_only_the_fixs_class_and_what_it_uses(
         assert staged.startswith(upstream.split("\n\n\n")[0])  # upstream's imports first, unchanged
         assert _class_names(upstream) < _class_names(staged)  # upstream's own tests are still there
         assert _class_names(staged) - _class_names(upstream) & other_classes(step.patch.id) == set()
-        assert set(test_classes(_field(step, "Test-Select"))) <= _class_names(staged)
+        assert set(selected_classes(_field(step, "Test-Select"))) <= _class_names(staged)
         assert isinstance(ast.parse(staged).body[-1], ast.If)  # upstream's main guard still last
     inductor = (src / "test/inductor/test_unbacked_symints.py").read_text()
     # The helpers of this fix come along; the module's other fixes' helpers do not.

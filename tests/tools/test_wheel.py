@@ -25,7 +25,7 @@ import pytest
 
 from tests.tools._standin import installed_torches, PATCHES, REPO, versions_under_test
 from torch_overlay._series import read_series
-from torch_overlay._verify import test_classes
+from torch_overlay._verify import selected_classes
 from torch_overlay._versions import parse_version, torch_version
 from torch_overlay.tools import BuildError
 from torch_overlay.tools._plan import load_series, plan_series
@@ -226,7 +226,7 @@ def test_wheel_213_reproducers_pass_without_the_overlay(wheel_213, tmp_path):
         test = patch.main.fields.get("Test", "")
         assert test and (REPO / test).is_file(), f"{patch.id}: reproducer {test!r} missing"
         copy = tmp_path / f"test_{patch.id.replace('-', '_')}.py"
-        classes = test_classes(patch.main.fields.get("Test-Select", ""))
+        classes = selected_classes(patch.main.fields.get("Test-Select", ""))
         copy.write_text(fix_test((REPO / test).read_text(), classes, torch_version="2.13.0"))
         files.append(copy.name)
     cmd = [wheel_213.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]

@@ -20,7 +20,7 @@ from .._patchfile import PatchFile
 from . import BuildError
 from ._checkout import Checkout, open_checkout
 from ._plan import PatchState, Step, apply_variant, load_series, plan_series, series_hash
-from .._verify import test_classes
+from .._verify import selected_classes
 from ._testfile import fix_test, merge_test, reproducer_names
 
 __all__ = ["StagedPatch", "commit_message", "pr_body", "run_stage"]
@@ -83,7 +83,7 @@ def _prepare(checkout: Checkout, steps: list[Step], repo: Path) -> list[StagedPa
     def add_test(pid: str, path: str, upstream: str, select: str) -> str:
         """Merge the classes ``select`` of our test module ``path`` into ``upstream``; the command
         that runs their tests."""
-        classes = test_classes(select)
+        classes = selected_classes(select)
         try:
             ours = fix_test((repo / path).read_text(encoding="utf-8"), classes)
         except BuildError as e:
