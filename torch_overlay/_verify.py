@@ -27,7 +27,17 @@ from pathlib import Path
 from ._series import Patch
 from ._timings import Timings
 
-__all__ = ["Outcome", "Reproducer", "Verdict", "format_verdicts", "judge", "needed_ids", "reproducer", "selected_classes", "verify"]
+__all__ = [
+    "Outcome",
+    "Reproducer",
+    "Verdict",
+    "format_verdicts",
+    "judge",
+    "needed_ids",
+    "reproducer",
+    "selected_classes",
+    "verify",
+]
 
 VERDICTS = {
     (False, True): "bug present without, fixed with the overlay",

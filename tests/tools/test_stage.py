@@ -93,8 +93,9 @@ def test_stage_one_commit_per_patch(release, checkout, build_cli, no_git_identit
         assert "torch_overlay" not in staged and "_torch_gates" not in staged
         compile(staged, upstream_test, "exec")
         # This commit adds its own classes and none of the other fixes' classes of the module.
-        before_names = _class_names(git(src, "show", f"{commit}^:{upstream_test}")) if _exists(src, f"{commit}^", upstream_test) else set()
-        added = _class_names(staged) - before_names
+        parent = f"{commit}^"
+        had = _class_names(git(src, "show", f"{parent}:{upstream_test}")) if _exists(src, parent, upstream_test) else set()
+        added = _class_names(staged) - had
         assert set(classes) <= added, (step.patch.id, added)
         assert not added & other_classes(step.patch.id), (step.patch.id, added & other_classes(step.patch.id))
         pr = co.git_dir() / "torch-overlay" / branch.replace("/", "-") / f"{step.patch.id}.md"

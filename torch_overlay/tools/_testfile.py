@@ -125,7 +125,8 @@ def _resolve_one(text: str, gates: dict[str, str], torch_version: str | None) ->
                 raise BuildError(f"line {node.lineno}: a version gate cannot be an elif")
             header_end = node.test.end_lineno or node.lineno
             if value:
-                new = _block(lines, header_end + 1, node.body[-1].end_lineno or 0, node.body[0].col_offset - node.col_offset)
+                indent = node.body[0].col_offset - node.col_offset
+                new = _block(lines, header_end + 1, node.body[-1].end_lineno or 0, indent)
             elif node.orelse:
                 else_line = next(
                     n for n in range(node.orelse[0].lineno - 1, node.body[-1].end_lineno or 0, -1)
@@ -133,7 +134,8 @@ def _resolve_one(text: str, gates: dict[str, str], torch_version: str | None) ->
                 )
                 if lines[else_line - 1].lstrip().startswith("elif"):
                     raise BuildError(f"line {node.lineno}: a version gate cannot be followed by elif")
-                new = _block(lines, else_line + 1, node.orelse[-1].end_lineno or 0, node.orelse[0].col_offset - node.col_offset)
+                indent = node.orelse[0].col_offset - node.col_offset
+                new = _block(lines, else_line + 1, node.orelse[-1].end_lineno or 0, indent)
             else:
                 new = ""
             return replace_lines(node.lineno, node.end_lineno or node.lineno, new)
@@ -294,7 +296,8 @@ def select_classes(text: str, classes: Sequence[str]) -> str:
             aliases = [a for a in node.names if (a.asname or a.name) in needed]
         if not aliases:
             continue
-        if last_import is not None and any(not line.strip() for line in lines[last_import.end_lineno : _start(node) - 1]):
+        between = lines[last_import.end_lineno : _start(node) - 1] if last_import is not None else []
+        if any(not line.strip() for line in between):
             import_text.append("\n")  # the blank line between groups (standard library, others)
         if aliases == list(node.names):
             import_text.append("".join(lines[_start(node) - 1 : node.end_lineno]))

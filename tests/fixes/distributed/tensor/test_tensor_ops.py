@@ -211,24 +211,33 @@ class TestDtensorNewFactoryShardPartial(DTensorTestBase):
     def test_new_factory_shard_partial_2d_mesh(self):
         with maybe_disable_local_tensor_mode():
             mesh = init_device_mesh(self.device_type, (2, 2))
-        for placements in ([Shard(0), Partial()], [Partial(), Shard(0)]):
-            x = DTensor.from_local(
-                torch.randn(2, 4, device=self.device_type),
-                mesh,
-                placements,
-                run_check=False,
+        self.run_subtests(
+            {
+                "placements": [(Shard(0), Partial()), (Partial(), Shard(0))],
+                "op": [*_INITIALIZED_FILL, "new_empty", "new_empty_strided"],
+            },
+            self._test_new_factory_shard_partial_2d_mesh,
+            mesh,
+        )
+
+    def _test_new_factory_shard_partial_2d_mesh(
+        self, mesh, placements: tuple[Placement, ...], op: str
+    ) -> None:
+        x = DTensor.from_local(
+            torch.randn(2, 4, device=self.device_type),
+            mesh,
+            placements,
+            run_check=False,
+        )
+        y = _new_factory(x, op, tuple(x.shape))
+        if op in _INITIALIZED_FILL:
+            self.assertEqual(y.full_tensor(), torch.full((4, 4), _INITIALIZED_FILL[op]))
+            self.assertEqual(
+                y.placements, _expected_factory_placements(placements, op, True)
             )
-            for op, fill in _INITIALIZED_FILL.items():
-                y = _new_factory(x, op, tuple(x.shape))
-                self.assertEqual(y.full_tensor(), torch.full((4, 4), fill))
-                self.assertEqual(
-                    y.placements,
-                    _expected_factory_placements(tuple(placements), op, True),
-                )
+        else:
             # Uninitialized factories still follow the input, Partial included.
-            for op in ("new_empty", "new_empty_strided"):
-                y = _new_factory(x, op, tuple(x.shape))
-                self.assertEqual(y.placements, tuple(placements))
+            self.assertEqual(y.placements, placements)
 
 
 TestDtensorNewFactoryShardPartialWithLocalTensor = create_local_tensor_test_class(
