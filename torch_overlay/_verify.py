@@ -27,7 +27,17 @@ from pathlib import Path
 from ._series import Patch
 from ._timings import Timings
 
-__all__ = ["Outcome", "Reproducer", "Verdict", "format_verdicts", "judge", "needed_ids", "reproducer", "verify"]
+__all__ = [
+    "Outcome",
+    "Reproducer",
+    "Verdict",
+    "format_verdicts",
+    "judge",
+    "needed_ids",
+    "reproducer",
+    "selected_classes",
+    "verify",
+]
 
 VERDICTS = {
     (False, True): "bug present without, fixed with the overlay",
@@ -104,8 +114,17 @@ def reproducer(patch: Patch, repo: Path, quick: bool) -> Reproducer | None:
     test = main.fields.get("Test", "")
     if not test or not (repo / test).is_file():
         return None
-    select = main.fields.get("Test-Select", "")
+    select = " or ".join(selected_classes(main.fields.get("Test-Select", "")))
     return Reproducer(patch.id, (test, "-k", select) if select else (test,), symptom)
+
+
+def selected_classes(select: str) -> list[str]:
+    """The test classes a ``Test-Select`` field names (separated by spaces or commas).
+
+    pytest's ``-k`` matches them as substrings, so the classes made from them
+    (``instantiate_device_type_tests``' ``<Class>CPU``, ``<Class>WithLocalTensor``) run too.
+    """
+    return select.replace(",", " ").split()
 
 
 def needed_ids(patches: list[Patch]) -> set[str]:

@@ -1,4 +1,5 @@
-"""The runtime overlay and ``build.sh apply`` produce the same source, patch by patch.
+"""The runtime overlay and ``build.sh apply`` produce the same source, patch by patch; the patches'
+test fields agree with the test modules.
 
 For each installed torch, a subprocess with that torch imports the overlay and every target module
 and reports each patch's state and the source the overlay compiled; ``apply`` on the stand-in
@@ -7,15 +8,20 @@ checkout of that version must reach the same states and write exactly that sourc
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 
 import pytest
 
 from tests.tools._standin import installed_torches, PATCHES, REPO, versions_under_test
+from torch_overlay._series import read_series
+from torch_overlay._verify import selected_classes
 from torch_overlay.tools._checkout import open_checkout
 from torch_overlay.tools._plan import load_series, plan_series
+from torch_overlay.tools._testfile import fix_test
 
 RUNTIME = r"""
 import contextlib, io, json
@@ -65,3 +71,50 @@ def test_runtime_source_equals_applied_checkout(release, checkout, build_cli):
         written = plan.after[path] if plan.drifted else (src / path).read_text()
         assert written == text, f"{path}: apply and the runtime overlay disagree on torch {release}"
     assert set(runtime["texts"]) == {p for p in plan.before}
+
+
+def _camel(pid: str) -> str:
+    return "".join(part.title() for part in pid.split("-"))
+
+
+def test_fix_tests_are_one_class_per_fix_in_modules_mirroring_upstream():
+    """Test, Test-Select, Quick-Test and Guard-Test agree with tests/fixes/, and stage can cut
+    each fix's classes out of its module: valid Python, no plumbing, no version gate."""
+    owner: dict[tuple[str, str], str] = {}  # (module, class) -> fix id
+    for patch in read_series(PATCHES):
+        for variant in patch.variants:
+            fields = {**(patch.main.fields if patch.main else {}), **variant.fields}
+            test, upstream = fields["Test"], fields["Upstream-Test"]
+            assert test == "tests/fixes/" + upstream.removeprefix("test/"), f"{variant.path.name}: {test}"
+            classes = selected_classes(fields.get("Test-Select", ""))
+            assert classes and classes[0] == f"Test{_camel(patch.id)}", f"{variant.path.name}: {classes}"
+            assert all(c.startswith(classes[0]) for c in classes), classes
+            path, cls, _ = fields["Quick-Test"].split("::")
+            assert path == test and any(cls.startswith(c) for c in classes), fields["Quick-Test"]
+            pairs = [(test, c) for c in classes]
+            if fields.get("Guard-Test"):
+                guard, _, guard_class = fields["Guard-Test"].partition("::")
+                assert guard == "tests/fixes/" + fields["Upstream-Guard-Test"].removeprefix("test/")
+                pairs.append((guard, guard_class))
+            for module, cls in pairs:
+                assert owner.setdefault((module, cls), patch.id) == patch.id, f"{cls} belongs to two fixes"
+    modules = sorted({module for module, _ in owner})
+    for module in modules:
+        text = (REPO / module).read_text()
+        defined = [n.name for n in ast.parse(text).body if isinstance(n, ast.ClassDef)]
+        tests = [c for c in defined if c.startswith("Test")]
+        mine = {cls: pid for (m, cls), pid in owner.items() if m == module}
+        assert set(tests) == set(mine), f"{module}: test classes without a fix, or missing: {set(tests) ^ set(mine)}"
+        # verify selects with pytest -k, a substring match: no class may match another fix's name.
+        for cls in tests:
+            for name, pid in mine.items():
+                assert name.lower() not in cls.lower() or mine[cls] == pid, f"-k {name} also selects {cls}"
+        by_fix: dict[str, list[str]] = {}
+        for cls, pid in mine.items():
+            by_fix.setdefault(pid, []).append(cls)
+        for pid, classes in by_fix.items():
+            staged = fix_test(text, classes)
+            compile(staged, module, "exec")
+            assert not re.search(r"torch_overlay|_torch_gates|\bbefore\(|for_torch|skip_before", staged), pid
+            kept = {n.name for n in ast.parse(staged).body if isinstance(n, ast.ClassDef)}
+            assert kept & set(tests) == set(classes), f"{pid}: {kept & set(tests)}"

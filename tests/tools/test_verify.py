@@ -34,8 +34,9 @@ class TestFuture:
         pass
 
 
-def test_needs_a_gpu():
-    pytest.skip("needs a GPU")
+class TestGpu:
+    def test_needs_a_gpu(self):
+        pytest.skip("needs a GPU")
 """
 
 
@@ -82,7 +83,7 @@ def _verify(tmp_path: Path, *args: str) -> tuple[int, dict[str, dict[str, object
 
 
 def test_a_fix_whose_tests_were_all_skipped_could_not_run_here(tmp_path):
-    _series(tmp_path, gpu={"Test": "tests/test_future.py", "Test_Select": "gpu"})
+    _series(tmp_path, gpu={"Test": "tests/test_future.py", "Test_Select": "TestGpu"})
     rc, verdicts, err = _verify(tmp_path)
     assert verdicts["gpu"]["without_overlay"] == verdicts["gpu"]["with_overlay"] == "skipped", err
     assert verdicts["gpu"]["verdict"] == "could not run here: every test was skipped (needs a GPU)"
@@ -114,8 +115,8 @@ def test_quick_runs_one_test_per_fix_in_one_process_each_way(tmp_path):
 def test_full_runs_each_file_and_needed_skips_what_torch_has(tmp_path):
     _series(
         tmp_path,
-        had={"Test": "tests/test_future.py", "Test_Select": "flag", "reverse": "1"},
-        flag={"Test": "tests/test_future.py", "Test_Select": "flag"},
+        had={"Test": "tests/test_future.py", "Test_Select": "TestFuture", "reverse": "1"},
+        flag={"Test": "tests/test_future.py", "Test_Select": "TestFuture"},
     )
     rc, verdicts, err = _verify(tmp_path, "--needed", "-j", "1")
     assert rc == 0, err

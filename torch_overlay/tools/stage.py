@@ -1,6 +1,7 @@
 """``build.sh stage PYTORCH_SRC``: one upstream-style commit per patch, on a new branch.
 
-Each commit carries the patch's diff and its test placed at ``Upstream-Test`` (plumbing removed),
+Each commit carries the patch's diff and its test classes (``Test-Select``) placed at
+``Upstream-Test``, with the module-level names they use and without plumbing or torch-version gates,
 with a PyTorch-style message: title, summary, ``Fixes #N``, test plan. A Markdown PR body per patch
 is written next to the branch (by default inside the checkout's ``.git``). Offline; nothing outside
 the checkout is touched. Everything is checked before the branch is created.
@@ -16,10 +17,11 @@ from pathlib import Path
 from typing import TextIO
 
 from .._patchfile import PatchFile
+from .._verify import selected_classes
 from . import BuildError
 from ._checkout import Checkout, open_checkout
 from ._plan import PatchState, Step, apply_variant, load_series, plan_series, series_hash
-from ._testfile import merge_test, reproducer_names, strip_plumbing
+from ._testfile import fix_test, merge_test, reproducer_names
 
 __all__ = ["StagedPatch", "commit_message", "pr_body", "run_stage"]
 
@@ -78,14 +80,19 @@ def _prepare(checkout: Checkout, steps: list[Step], repo: Path) -> list[StagedPa
     """Each commit's test file and message; refuse before any change if one cannot be made."""
     tests: dict[str, str | None] = {}
 
-    def add_test(path: str, upstream: str, select: str) -> str:
-        """Merge our test at ``path`` into ``upstream``; the command that runs its tests."""
-        ours = strip_plumbing((repo / path).read_text(encoding="utf-8"))
+    def add_test(pid: str, path: str, upstream: str, select: str) -> str:
+        """Merge the classes ``select`` of our test module ``path`` into ``upstream``; the command
+        that runs their tests."""
+        classes = selected_classes(select)
+        try:
+            ours = fix_test((repo / path).read_text(encoding="utf-8"), classes)
+        except BuildError as e:
+            raise BuildError(f"{pid}: {path}: {e}") from e
         if upstream not in tests:
             tests[upstream] = checkout.head_text(upstream)
         existing = tests[upstream]
         tests[upstream] = ours if existing is None else merge_test(existing, ours, upstream)
-        select = select or " or ".join(reproducer_names(ours))
+        select = " or ".join(classes or reproducer_names(ours))
         return f"python {upstream}" + (f" -k {shlex.quote(select)}" if select else "")
 
     out = []
@@ -98,9 +105,11 @@ def _prepare(checkout: Checkout, steps: list[Step], repo: Path) -> list[StagedPa
         for path in step.paths:
             checkout.path(path, f"{step.patch.id}: diff path")
         checkout.path(upstream, f"{step.patch.id}: Upstream-Test")
-        commands = [add_test(test, upstream, _field(step, "Test-Select"))]
+        commands = [add_test(step.patch.id, test, upstream, _field(step, "Test-Select"))]
         guard_tests = {}
         guard, guard_upstream = _field(step, "Guard-Test"), _field(step, "Upstream-Guard-Test")
+        # Guard-Test: the module, or a node `module::Class` naming the guard's class
+        guard, _, guard_class = guard.partition("::")
         if guard or guard_upstream:
             if not (guard and guard_upstream and (repo / guard).is_file()):
                 raise BuildError(
@@ -108,7 +117,7 @@ def _prepare(checkout: Checkout, steps: list[Step], repo: Path) -> list[StagedPa
                     "and an Upstream-Guard-Test"
                 )
             checkout.path(guard_upstream, f"{step.patch.id}: Upstream-Guard-Test")
-            commands.append(add_test(guard, guard_upstream, ""))
+            commands.append(add_test(step.patch.id, guard, guard_upstream, guard_class))
             guard_tests[guard_upstream] = tests[guard_upstream]
         command = "\n".join(commands)
         out.append(

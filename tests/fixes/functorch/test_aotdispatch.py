@@ -1,14 +1,4 @@
 # Owner(s): ["module: aotdispatch"]
-"""
-Guard for the aot-subclass-outputs patches: functions whose outputs never hit
-those bugs (plain tensors, TwoTensor, nested jagged tensors; static and dynamic
-shapes, an input mutation, an inference graph) compile to the same partitioned
-graphs as without the patches. The expected graphs were recorded on unpatched
-torch; where torch's graphs differ between releases (2.14 added size/stride
-inputs for the plain tensors inside a subclass, 2.15 renamed nodes), each
-release family has its own expectation.
-"""
-
 import torch_overlay  # noqa: F401  # torch_overlay: plumbing
 
 from collections.abc import Callable, Sequence
@@ -20,13 +10,11 @@ from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.two_tensor import TwoTensor
-from torch.torch_version import TorchVersion
 
-
-def _for_torch(expected: dict[str, str]) -> str:
-    # The expectation of the newest release family that is not newer than this torch
-    version = TorchVersion(torch.__version__)
-    return expected[max((k for k in expected if version >= k), key=TorchVersion)]
+# The expected graphs were recorded on unpatched torch; where torch's graphs differ
+# between releases (2.14 added size/stride inputs for the plain tensors inside a
+# subclass, 2.15 renamed nodes), each release family has its own expectation.
+from tests.fixes._torch_gates import for_torch
 
 
 def _graphs(
@@ -64,7 +52,14 @@ def _cos_plus_one(a: torch.Tensor) -> torch.Tensor:
     return a.cos() + 1
 
 
-class TestGraphsWithoutSubclassOutputBugs(torch._dynamo.test_case.TestCase):
+class TestAotSubclassOutputsGuard(torch._dynamo.test_case.TestCase):
+    """
+    Functions whose outputs never hit the subclass-output bugs (plain tensors,
+    TwoTensor, nested jagged tensors; static and dynamic shapes, an input
+    mutation, an inference graph) compile to the same partitioned graphs as
+    before the fix.
+    """
+
     def test_plain_static(self):
         fw, bw = _graphs(
             _plain_with_view,
@@ -105,7 +100,7 @@ def forward(self, primals_1, primals_2, sin, tangents_1):
         )
         self.assertExpectedInline(
             fw,
-            _for_torch(
+            for_torch(
                 {
                     "2.11": """\
 def forward(self, primals_1, primals_2, primals_3, primals_4):
@@ -130,7 +125,7 @@ def forward(self, primals_1, primals_2, primals_3, primals_4):
         )
         self.assertExpectedInline(
             bw,
-            _for_torch(
+            for_torch(
                 {
                     "2.11": """\
 def forward(self, primals_2, primals_1, primals_3, primals_4, sin, tangents_1):
@@ -186,7 +181,7 @@ def forward(self, primals_1, primals_2, tangents_1, tangents_2):
         fw, bw = _graphs(_cos_plus_one, [_two_tensor()], dynamic=True)
         self.assertExpectedInline(
             fw,
-            _for_torch(
+            for_torch(
                 {
                     "2.11": """\
 def forward(self, primals_1, primals_2, primals_3, primals_4, primals_5, primals_6, primals_7):
@@ -214,7 +209,7 @@ def forward(self, primals_1, primals_2, primals_3, primals_4, primals_5, primals
         )
         self.assertExpectedInline(
             bw,
-            _for_torch(
+            for_torch(
                 {
                     "2.11": """\
 def forward(self, primals_5, primals_7, primals_3, primals_4, tangents_1, tangents_2):
@@ -284,7 +279,7 @@ def forward(self, add, add_1, tangents_1, tangents_2):
         fw, bw = _graphs(fn, [torch.randn(4, 3), _two_tensor()], dynamic=True)
         self.assertExpectedInline(
             fw,
-            _for_torch(
+            for_torch(
                 {
                     "2.11": """\
 def forward(self, primals_1, primals_2, primals_3, primals_4, primals_5, primals_6, primals_7, primals_8):
@@ -309,7 +304,7 @@ def forward(self, primals_1, primals_2, primals_3, primals_4, primals_5, primals
         )
         self.assertExpectedInline(
             bw,
-            _for_torch(
+            for_torch(
                 {
                     "2.11": """\
 def forward(self, primals_6, primals_8, add_3, tangents_1, tangents_2):
@@ -335,7 +330,7 @@ def forward(self, primals_13, primals_14, add_3, tangents_1, tangents_2):
         self.assertIsNone(bw)
         self.assertExpectedInline(
             fw,
-            _for_torch(
+            for_torch(
                 {
                     "2.11": """\
 def forward(self, arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, arg5_1, arg6_1):
@@ -371,7 +366,7 @@ def forward(self, arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, arg5_1, arg6_1, arg7_1
         fw, bw = _graphs(lambda nt: nt.sin() * 2, [nt], dynamic=True)
         self.assertExpectedInline(
             fw,
-            _for_torch(
+            for_torch(
                 {
                     "2.11": """\
 def forward(self, primals_1, primals_2, primals_3, primals_4, primals_5, primals_6, primals_7, primals_8, primals_9):
@@ -388,7 +383,7 @@ def forward(self, primals_1, primals_2, primals_3, primals_4, primals_5, primals
         )
         self.assertExpectedInline(
             bw,
-            _for_torch(
+            for_torch(
                 {
                     "2.11": """\
 def forward(self, primals_7, primals_9, primals_3, tangents_1, tangents_2, tangents_3, tangents_4):
