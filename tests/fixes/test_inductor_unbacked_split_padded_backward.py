@@ -7,7 +7,6 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch._inductor.test_case import run_tests, TestCase as InductorTestCase
 from torch.testing._internal.common_device_type import instantiate_device_type_tests
 from torch.testing._internal.inductor_utils import HAS_CPU, HAS_GPU
-from torch.torch_version import TorchVersion
 
 
 def split_item_slice_padded(x, num_tokens_per_expert, num_tokens, w):
@@ -41,20 +40,12 @@ class TestUnbackedSplitPaddedBackward(InductorTestCase):
             self.assertEqual(torch.autograd.grad(out.sum(), [x_c, w]), ref_grads)
         return cnt
 
-    def _skip_if_cpu_2_11(self, device):
-        if device == "cpu" and TorchVersion(torch.__version__) < "2.12":
-            # A separate 2.11 bug: the C++ kernel codegen divides by a size hint
-            # of 0 (ZeroDivisionError in CppKernel.decide_parallel_depth).
-            self.skipTest("torch 2.11 C++ codegen fails earlier on this graph")
-
     @dynamo_config.patch(capture_scalar_outputs=True)
     def test_item_slice_then_split_padded_backward(self, device):
-        self._skip_if_cpu_2_11(device)
         self._check(device, [([3, 0, 5, 4], 16), ([1, 2, 0, 9], 20)])
 
     @dynamo_config.patch(capture_scalar_outputs=True)
     def test_item_slice_then_split_padded_backward_mark_dynamic(self, device):
-        self._skip_if_cpu_2_11(device)
         cnt = self._check(
             device,
             [([3, 0, 5, 4], 16), ([0, 0, 2, 1], 7)],
