@@ -13,7 +13,6 @@ from torch.testing._internal.common_device_type import instantiate_device_type_t
 from torch.testing._internal.inductor_utils import HAS_CPU, HAS_GPU
 from torch.utils.checkpoint import checkpoint
 
-from tests.fixes._torch_gates import before
 
 
 # How inductor's runtime asserts print the sum of four unbacked split sizes
@@ -369,18 +368,10 @@ class TestInductorUnbackedSplitPaddedBackward(InductorTestCase):
 
     @dynamo_config.patch(capture_scalar_outputs=True)
     def test_item_slice_then_split_padded_backward(self, device):
-        if device == "cpu" and before("2.12"):
-            # A separate 2.11 bug: the C++ kernel codegen divides by a size hint
-            # of 0 (ZeroDivisionError in CppKernel.decide_parallel_depth).
-            self.skipTest("torch 2.11 C++ codegen fails earlier on this graph")
         self._check(device, [([3, 0, 5, 4], 16), ([1, 2, 0, 9], 20)])
 
     @dynamo_config.patch(capture_scalar_outputs=True)
     def test_item_slice_then_split_padded_backward_mark_dynamic(self, device):
-        if device == "cpu" and before("2.12"):
-            # A separate 2.11 bug: the C++ kernel codegen divides by a size hint
-            # of 0 (ZeroDivisionError in CppKernel.decide_parallel_depth).
-            self.skipTest("torch 2.11 C++ codegen fails earlier on this graph")
         cnt = self._check(
             device,
             [([3, 0, 5, 4], 16), ([0, 0, 2, 1], 7)],
