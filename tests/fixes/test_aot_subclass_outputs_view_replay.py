@@ -6,7 +6,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import unittest
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -424,9 +423,6 @@ class TestAliasedSubclassOutputsCache(SubclassOutputTestCase):
             ],
         )
 
-    # aot-fresh-alias-outputs wraps the compiled forward and drops its _fx_graph_cache_key, so
-    # this graph is never saved to the AOTAutograd cache (to be fixed with that patch's rework).
-    @unittest.expectedFailure
     def test_mixed_plain_and_dtensor_outputs(self):
         def fn(x, p):
             y = x.sin()
