@@ -2,6 +2,7 @@
 import torch_overlay  # noqa: F401  # torch_overlay: plumbing
 
 import copy
+import unittest
 
 import torch
 import torch._dynamo.test_case
@@ -14,6 +15,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import (
     distribute_module,
     distribute_tensor,
+    DTensor,
     Replicate,
     Shard,
 )
@@ -32,6 +34,10 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
     with_comms,
 )
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.torch_version import TorchVersion
+
+
+_TORCH_2_11 = TorchVersion(torch.__version__) < "2.12"
 
 
 class _TopKMixer(torch.autograd.Function):
@@ -172,7 +178,8 @@ class TestCompiledToLocalOfInput(torch._dynamo.test_case.TestCase):
 
         def make_b():
             torch.manual_seed(1)
-            return distribute_tensor(torch.randn(4, 4), self.mesh, [Shard(0)])
+            local = torch.randn(2, 4)
+            return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False)
 
         compiled = torch.compile(fn, backend="inductor", dynamic=dynamic, fullgraph=True)
         w_ref, w, b_ref, b = self._param(), self._param(), make_b(), make_b()
@@ -187,6 +194,9 @@ class TestCompiledToLocalOfInput(torch._dynamo.test_case.TestCase):
             self.assertTrue(w._local_tensor.is_leaf)
             self.assertEqual(w.grad, w_ref.grad)
 
+    @unittest.skipIf(
+        _TORCH_2_11, "torch 2.11's AOTAutograd cache bypasses graphs with to_local()"
+    )
     def test_to_local_of_parameter_cache_round_trip(self):
         # A graph whose output is re-aliased is saved to the AOTAutograd cache and
         # loaded from it, and the loaded graph re-aliases it as well.
