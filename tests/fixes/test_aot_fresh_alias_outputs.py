@@ -181,7 +181,9 @@ class TestCompiledToLocalOfInput(torch._dynamo.test_case.TestCase):
             local = torch.randn(2, 4)
             return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False)
 
-        compiled = torch.compile(fn, backend="inductor", dynamic=dynamic, fullgraph=True)
+        compiled = torch.compile(
+            fn, backend="inductor", dynamic=dynamic, fullgraph=True
+        )
         w_ref, w, b_ref, b = self._param(), self._param(), make_b(), make_b()
         for step in range(2):
             ref, out = fn(w_ref, b_ref), compiled(w, b)
