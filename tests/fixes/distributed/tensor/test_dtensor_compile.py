@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import unittest
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -859,9 +858,6 @@ class TestAotSubclassOutputsViewReplay(SubclassOutputTestCase):
             ],
         )
 
-    # aot-fresh-alias-outputs wraps the compiled forward and drops its _fx_graph_cache_key, so
-    # this graph is never saved to the AOTAutograd cache (to be fixed with that patch's rework).
-    @unittest.expectedFailure
     def test_cache_mixed_plain_and_dtensor_outputs(self):
         def fn(x, p):
             y = x.sin()
@@ -976,6 +972,82 @@ class TestAotFreshAliasOutputs(torch._dynamo.test_case.TestCase):
         self.assertIsNot(out, w._local_tensor)
         self.assertEqual(out, w._local_tensor)
         self.assertTrue(w._local_tensor.is_leaf)
+
+    @parametrize("dynamic", [False, True])
+    def test_noop_view_of_to_local_of_parameter(self, dynamic: bool):
+        # In the dense graph this output is a plain view of the input (alias_of_input).
+        compiled = torch.compile(
+            lambda w: w.to_local().view(4, 4),
+            backend="inductor",
+            dynamic=dynamic,
+            fullgraph=True,
+        )
+        w = self._param()
+        out = compiled(w)
+        self.assertIsNot(out, w._local_tensor)
+        self.assertIs(out._base, w._local_tensor)
+        out.sum().backward()
+        self.assertTrue(w._local_tensor.is_leaf)
+        self.assertEqual(w.grad.to_local(), torch.ones(4, 4))
+
+    @parametrize("dynamic", [False, True])
+    def test_to_local_of_parameter_with_mutated_dtensor_input(self, dynamic: bool):
+        # The mutated input is a graph output ahead of the user outputs.
+        def fn(w, b):
+            b.mul_(2)
+            return b.to_local().sum(), w.to_local()
+
+        def make_b():
+            torch.manual_seed(1)
+            local = torch.randn(2, 4)
+            return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False)
+
+        compiled = torch.compile(fn, backend="inductor", dynamic=dynamic, fullgraph=True)
+        w_ref, w, b_ref, b = self._param(), self._param(), make_b(), make_b()
+        for step in range(2):
+            ref, out = fn(w_ref, b_ref), compiled(w, b)
+            self.assertEqual(out[0], ref[0])
+            self.assertEqual(b.to_local(), b_ref.to_local())
+            self.assertIsNot(out[1], w._local_tensor)
+            self.assertIs(out[1]._base, w._local_tensor)
+            (ref[1] * (step + 1)).sum().backward()
+            (out[1] * (step + 1)).sum().backward()
+            self.assertTrue(w._local_tensor.is_leaf)
+            self.assertEqual(w.grad, w_ref.grad)
+
+    @skip_before("2.12", "the AOTAutograd cache bypasses graphs with to_local()")
+    def test_to_local_of_parameter_cache_round_trip(self):
+        # A graph whose output is re-aliased is saved to the AOTAutograd cache and
+        # loaded from it, and the loaded graph re-aliases it as well.
+        def fn(w, x):
+            return w.to_local(), (x @ w.to_local()).sum()
+
+        x = torch.randn(3, 4)
+        w_ref = self._param()
+        local_ref, loss_ref = fn(w_ref, x)
+        (local_ref.sum() + loss_ref).backward()
+        with (
+            fresh_cache(),
+            torch._functorch.config.patch(
+                enable_autograd_cache=True, strict_autograd_cache=True
+            ),
+            torch._inductor.config.patch(
+                fx_graph_cache=True, fx_graph_remote_cache=False
+            ),
+        ):
+            for counter in ("autograd_cache_saved", "autograd_cache_hit"):
+                torch._dynamo.reset()
+                counters.clear()
+                w = self._param()
+                compiled = torch.compile(fn, backend="inductor", fullgraph=True)
+                local, loss = compiled(w, x)
+                self.assertIsNot(local, w._local_tensor)
+                self.assertIs(local._base, w._local_tensor)
+                # A training graph is saved once its backward is compiled.
+                (local.sum() + loss).backward()
+                self.assertEqual(counters["aot_autograd"][counter], 1, msg=counter)
+                self.assertTrue(w._local_tensor.is_leaf)
+                self.assertEqual(w.grad, w_ref.grad)
 
     def test_to_local_and_plain_input_outputs(self):
         # A plain input returned as is stays the same object, as in eager; only the
