@@ -272,8 +272,8 @@ class TestInductorUnbackedSplitItem(InductorTestCase):
 
     @dynamo_config.patch(capture_scalar_outputs=True)
     def test_item_slice_counts_do_not_sum_to_length(self, device):
-        # The split check over the retraced symbols still runs: counts that do not
-        # add up to the sliced length raise instead of reading the wrong rows.
+        # The split check still runs: counts that do not add up to the sliced
+        # length raise instead of reading the wrong rows.
         w = torch.randn(4, 8, 8, device=device)
         x = torch.randn(20, 8, device=device)
         counts = torch.tensor([3, 0, 5, 4], device=device)
