@@ -84,7 +84,9 @@ def split_item_slice_padded(x, num_tokens_per_expert, num_tokens, w):
     return torch.vstack((out, out.new_zeros((x.shape[0] - n, out.shape[-1]))))
 
 
-class TestInductorUnbackedSplitSlice(InductorTestCase):
+class MoESplitTestCase(InductorTestCase):
+    """Compiled-vs-eager forward and backward of the MoE split loop (`moe`)."""
+
     def _weights(self, device):
         torch.manual_seed(0)
         return [
@@ -117,6 +119,8 @@ class TestInductorUnbackedSplitSlice(InductorTestCase):
         self.assertEqual(out, ref)
         self.assertEqual(grads, ref_grads)
 
+
+class TestInductorUnbackedSplitSlice(MoESplitTestCase):
     def _run(self, device, pad, ac=False, mark=None, counts_list=None, num_rows=16):
         fn = functools.partial(moe, pad=pad, ac=ac)
         cnt = CompileCounterWithBackend("inductor")
@@ -166,39 +170,6 @@ class TestInductorUnbackedSplitSlice(InductorTestCase):
                 torch._dynamo.decorators.mark_unbacked,
                 mark_scores=False,
             )
-        self.assertEqual(cnt.frame_count, 1)
-
-    @dynamo_config.patch(capture_scalar_outputs=True)
-    def test_moe_for_loop_split_sizes_property(self, device):
-        fn = functools.partial(moe, pad=True)
-        cnt = CompileCounterWithBackend("inductor")
-        compiled = torch.compile(fn, backend=cnt, fullgraph=True)
-        weights = self._weights(device)
-
-        # One compiled graph serves every example; shrinking would only recompile.
-        @settings(
-            max_examples=12,
-            deadline=None,
-            derandomize=True,
-            phases=(Phase.explicit, Phase.generate),
-        )
-        @given(
-            counts=st.lists(
-                st.integers(min_value=0, max_value=6),
-                min_size=NUM_EXPERTS,
-                max_size=NUM_EXPERTS,
-            ),
-            num_padding=st.integers(min_value=0, max_value=5),
-        )
-        def check(counts, num_padding):
-            # At least two rows, so x's dynamic length is never specialized to 0 or 1.
-            num_rows = max(sum(counts) + num_padding, 2)
-            counts, x, scores = self._inputs(device, counts, num_rows)
-            self._check_fwd_bwd(
-                fn, compiled, weights, counts, x, scores, torch._dynamo.mark_dynamic
-            )
-
-        check()
         self.assertEqual(cnt.frame_count, 1)
 
     @dynamo_config.patch(capture_scalar_outputs=True)
@@ -290,7 +261,7 @@ class TestInductorUnbackedSplitItem(InductorTestCase):
                 compiled(x, counts, num_tokens, w)
 
 
-class TestInductorUnbackedSplitRebind(InductorTestCase):
+class TestInductorUnbackedSplitRebind(MoESplitTestCase):
     def _check(self, device, mark_dynamic):
         torch.manual_seed(0)
         weights = [
@@ -325,6 +296,40 @@ class TestInductorUnbackedSplitRebind(InductorTestCase):
         # The second token count recompiles with a dynamic token dimension.
         cnt = self._check(device, mark_dynamic=False)
         self.assertEqual(cnt.frame_count, 2)
+
+    @dynamo_config.patch(capture_scalar_outputs=True)
+    def test_moe_for_loop_split_sizes_property(self, device):
+        # Split sizes and padding drawn at random over a dynamic token dimension
+        fn = functools.partial(moe, pad=True)
+        cnt = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(fn, backend=cnt, fullgraph=True)
+        weights = self._weights(device)
+
+        # One compiled graph serves every example; shrinking would only recompile.
+        @settings(
+            max_examples=12,
+            deadline=None,
+            derandomize=True,
+            phases=(Phase.explicit, Phase.generate),
+        )
+        @given(
+            counts=st.lists(
+                st.integers(min_value=0, max_value=6),
+                min_size=NUM_EXPERTS,
+                max_size=NUM_EXPERTS,
+            ),
+            num_padding=st.integers(min_value=0, max_value=5),
+        )
+        def check(counts, num_padding):
+            # At least two rows, so x's dynamic length is never specialized to 0 or 1.
+            num_rows = max(sum(counts) + num_padding, 2)
+            counts, x, scores = self._inputs(device, counts, num_rows)
+            self._check_fwd_bwd(
+                fn, compiled, weights, counts, x, scores, torch._dynamo.mark_dynamic
+            )
+
+        check()
+        self.assertEqual(cnt.frame_count, 1)
 
 
 class TestInductorUnbackedSplitScatter(InductorTestCase):
