@@ -56,6 +56,8 @@ class _Entry:
     swapped: set[str] = field(default_factory=set)  # modules whose functions were swapped
     at_import: set[str] = field(default_factory=set)  # modules that executed the patched source
     changes: set[str] = field(default_factory=set)  # modules this patch's variant changes
+    # The files of the variants whose files all exist in the installed torch
+    targets: list[Target] = field(default_factory=list)
     warned: bool = False
 
     @property
@@ -156,39 +158,41 @@ class Overlay:
         log.warning(text)
 
     def _build_components(self) -> None:
-        """Group the active patches by shared files; a target that cannot be found fails its patch."""
+        """Group the active patches by shared files. A patch keeps the variants whose files all
+        exist in the installed torch (a variant for another release may touch a file this one
+        does not have); with none, it fails."""
         active = [e for e in self._entries if e.state == PatchState.PENDING]
-        files: dict[str, Path] = {}
+        files: dict[str, Path | None] = {}
         for entry in active:
-            missing = []
             for target in entry.patch.targets:
                 if target.path not in files:
-                    found = find_file(target.path, target.module)
-                    if found is None:
-                        missing.append(target.path)
-                        continue
-                    files[target.path] = found
-            if missing:
+                    files[target.path] = find_file(target.path, target.module)
+            present = [
+                v for v in entry.patch.variants if all(files[d.path] is not None for d in v.files)
+            ]
+            entry.targets = list(dict.fromkeys(d.target for v in present for d in v.files))
+            if not present:
+                missing = [t.path for t in entry.patch.targets if files[t.path] is None]
                 self._set(entry, PatchState.FAILED, f"{', '.join(missing)} not found in the installed torch")
         active = [e for e in active if e.state == PatchState.PENDING]
         # Union of entries that share a path.
         groups: dict[str, list[_Entry]] = {}
         for entry in active:
             merged = [entry]
-            for target in entry.patch.targets:
+            for target in entry.targets:
                 other = groups.get(target.path)
                 if other is not None and other is not merged:
                     merged = [e for e in other if e not in merged] + merged
             for e in merged:
-                for target in e.patch.targets:
+                for target in e.targets:
                     groups[target.path] = merged
         for group in {id(g): g for g in groups.values()}.values():
             ordered = [e for e in self._entries if e in group]
-            targets = {t.path: t for e in ordered for t in e.patch.targets}
+            targets = {t.path: t for e in ordered for t in e.targets}
             component = _Component(ordered, {p: files[p] for p in targets}, targets)
             for entry in ordered:
                 entry.component = component
-                waiting = [t.module for t in entry.patch.targets]
+                waiting = [t.module for t in entry.targets]
                 entry.reason = "waiting for import of " + ", ".join(waiting)
             for target in targets.values():
                 self._by_module[target.module] = component
@@ -232,7 +236,7 @@ class Overlay:
                     continue
                 new = {p: t for p, t in decision.texts.items() if t != current[p]}
                 # In the patch's own file order: a definition it adds comes before its use elsewhere.
-                late = [t.path for t in entry.patch.targets if t.path in new and t.module in imported]
+                late = [t.path for t in entry.targets if t.path in new and t.module in imported]
                 try:
                     swaps = [
                         plan_swap(
@@ -499,7 +503,7 @@ class Overlay:
                         id=e.patch.id,
                         title=main.title if main else "",
                         bug=main.fields.get("Bug", "") if main else "",
-                        targets=tuple(e.patch.targets),
+                        targets=tuple(e.targets or e.patch.targets),
                         state=e.state,
                         reason=e.reason,
                         variant=e.variant.path.name if e.variant else "",
