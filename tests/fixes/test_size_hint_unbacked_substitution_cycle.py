@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo import config as dynamo_config
 from torch._inductor import config as inductor_config
+from torch._inductor.sizevars import SizeVarAllocator
 from torch._inductor.test_case import run_tests, TestCase
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.testing._internal.inductor_utils import HAS_CPU
@@ -40,7 +41,7 @@ def optimization_hint_substitution_cycle() -> None:
     ):
         shape_env.guard_or_defer_runtime_assert(expr, "test")
     # u6 is hinted as a sum of four sizes, consistently with u6 == S.
-    hint = shape_env.optimization_hint(8 * u[6])
+    hint = SizeVarAllocator(shape_env).optimization_hint(8 * u[6])
     assert hint == 8 * 4 * inductor_config.unbacked_symint_fallback, hint
 
 
