@@ -19,10 +19,7 @@ from torch.testing._internal.inductor_utils import HAS_CPU
 
 # Without the fix these cases never finish, so each runs in a child process with a
 # time limit of its own.
-TIMEOUT_S = 240
-NUM_EXPERTS = 4
-DIM = 8
-HIDDEN = 16
+SUBSTITUTION_CYCLE_TIMEOUT_S = 240
 
 
 def optimization_hint_substitution_cycle() -> None:
@@ -45,7 +42,7 @@ def optimization_hint_substitution_cycle() -> None:
     assert hint == 8 * 4 * inductor_config.unbacked_symint_fallback, hint
 
 
-def moe(w1, w2, w3, x, num_tokens_per_expert, scores):
+def moe_weighted_by_scores(w1, w2, w3, x, num_tokens_per_expert, scores):
     # torchtitan's MoE for-loop path, unpadded: each expert runs on its own split
     # of the routed tokens, and the output meets the router scores row for row.
     sizes = num_tokens_per_expert.tolist()
@@ -60,14 +57,15 @@ def moe(w1, w2, w3, x, num_tokens_per_expert, scores):
 @dynamo_config.patch(capture_scalar_outputs=True)
 def compile_moe_unbacked_tokens_and_scores() -> None:
     torch.manual_seed(0)
+    num_experts, dim, hidden = 4, 8, 16
     weights = [
-        torch.randn(NUM_EXPERTS, *shape, requires_grad=True)
-        for shape in ((HIDDEN, DIM), (DIM, HIDDEN), (HIDDEN, DIM))
+        torch.randn(num_experts, *shape, requires_grad=True)
+        for shape in ((hidden, dim), (dim, hidden), (hidden, dim))
     ]
     counts = torch.tensor([3, 2, 7, 4])
-    x = torch.randn(16, DIM, requires_grad=True)
+    x = torch.randn(16, dim, requires_grad=True)
     scores = torch.rand(16)
-    ref = moe(*weights, x, counts, scores)
+    ref = moe_weighted_by_scores(*weights, x, counts, scores)
     ref_grads = torch.autograd.grad(ref.sum(), [*weights, x])
 
     weights_c = [w.detach().clone().requires_grad_() for w in weights]
@@ -75,7 +73,7 @@ def compile_moe_unbacked_tokens_and_scores() -> None:
     scores_c = scores.clone()
     torch._dynamo.decorators.mark_unbacked(x_c, 0)
     torch._dynamo.decorators.mark_unbacked(scores_c, 0)
-    compiled = torch.compile(moe, backend="inductor", fullgraph=True)
+    compiled = torch.compile(moe_weighted_by_scores, backend="inductor", fullgraph=True)
     out = compiled(*weights_c, x_c, counts, scores_c)
     grads = torch.autograd.grad(out.sum(), [*weights_c, x_c])
     torch.testing.assert_close(out, ref)
@@ -101,10 +99,10 @@ class TestSizeHintUnbackedSubstitutionCycle(TestCase):
                 env=env,
                 capture_output=True,
                 text=True,
-                timeout=TIMEOUT_S,
+                timeout=SUBSTITUTION_CYCLE_TIMEOUT_S,
             )
         except subprocess.TimeoutExpired:
-            self.fail(f"{case} did not finish in {TIMEOUT_S} s")
+            self.fail(f"{case} did not finish in {SUBSTITUTION_CYCLE_TIMEOUT_S} s")
         self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
 
     def test_optimization_hint_substitution_cycle(self):
