@@ -5,6 +5,7 @@ import functools
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import sympy
 import torch
@@ -391,16 +392,6 @@ class TestInductorUnbackedSplitScatter(InductorTestCase):
             self.assertEqual(torch.autograd.grad(out.sum(), [x, w]), ref_grads)
 
 
-# Without the fix these cases never finish, so each runs in a child process with a
-# time limit of its own.
-# With the fix the reduced case takes seconds (most of it importing torch), the MoE
-# compile a few minutes on a loaded 2-core machine.
-SUBSTITUTION_CYCLE_TIMEOUTS_S = {
-    "optimization_hint_substitution_cycle": 120,
-    "compile_moe_unbacked_tokens_and_scores": 300,
-}
-
-
 def optimization_hint_substitution_cycle() -> None:
     # The runtime asserts of the MoE loop below, reduced: u5 and u6 equal the sum S
     # of the split sizes u0..u3, u11 rebinds u3, and S with u11 for u3 equals
@@ -460,9 +451,13 @@ def compile_moe_unbacked_tokens_and_scores() -> None:
 
 
 class TestSizeHintUnbackedSubstitutionCycle(InductorTestCase):
-    def _run_in_subprocess(self, case: str) -> None:
+    # Without the fix these cases never finish, so each runs in a child process
+    # with a time limit of its own.
+
+    def _run_in_subprocess(self, case: Callable[[], None], timeout: float) -> None:
         test_dir, test_file = os.path.split(os.path.abspath(__file__))
         module = os.path.splitext(test_file)[0]
+        name = case.__name__
         env = dict(
             os.environ,
             PYTHONPATH=os.pathsep.join(
@@ -474,25 +469,27 @@ class TestSizeHintUnbackedSubstitutionCycle(InductorTestCase):
         )
         try:
             proc = subprocess.run(
-                [sys.executable, "-c", f"from {module} import {case}; {case}()"],
+                [sys.executable, "-c", f"from {module} import {name}; {name}()"],
                 env=env,
                 capture_output=True,
                 text=True,
-                timeout=SUBSTITUTION_CYCLE_TIMEOUTS_S[case],
+                timeout=timeout,
             )
         except subprocess.TimeoutExpired:
-            self.fail(f"{case} did not finish in {SUBSTITUTION_CYCLE_TIMEOUTS_S[case]} s")
+            self.fail(f"{name} did not finish in {timeout} s")
         self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
 
     def test_optimization_hint_substitution_cycle(self):
         # The canonical expressions of the equalities lead back to each other:
         # substituting them never reaches a fixed point, and each round nests the
         # expression deeper.
-        self._run_in_subprocess("optimization_hint_substitution_cycle")
+        # With the fix it takes seconds, most of them importing torch.
+        self._run_in_subprocess(optimization_hint_substitution_cycle, timeout=120)
 
     def test_moe_for_loop_unbacked_tokens_and_scores(self):
         # The min-cut partitioner sizes the saved activations with such hints.
-        self._run_in_subprocess("compile_moe_unbacked_tokens_and_scores")
+        # With the fix the compile takes a few minutes on a loaded 2-core machine.
+        self._run_in_subprocess(compile_moe_unbacked_tokens_and_scores, timeout=300)
 
 
 instantiate_device_type_tests(
