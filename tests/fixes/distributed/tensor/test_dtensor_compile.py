@@ -950,7 +950,7 @@ class TestAotFreshAliasOutputs(torch._dynamo.test_case.TestCase):
 
         compiled = torch.compile(fn, backend=backend, fullgraph=True)
         w_ref, w = self._param(), self._param()
-        x = torch.randn(3, 4)
+        x = torch.randn(3, 4, device=self.device_type)
         for step in range(3):
             ref = fn(w_ref)
             out = compiled(w)
@@ -1023,7 +1023,7 @@ class TestAotFreshAliasOutputs(torch._dynamo.test_case.TestCase):
         def fn(w, x):
             return w.to_local(), (x @ w.to_local()).sum()
 
-        x = torch.randn(3, 4)
+        x = torch.randn(3, 4, device=self.device_type)
         w_ref = self._param()
         local_ref, loss_ref = fn(w_ref, x)
         (local_ref.sum() + loss_ref).backward()
@@ -1078,9 +1078,10 @@ class TestAotFreshAliasOutputs(torch._dynamo.test_case.TestCase):
             m.register_forward_pre_hook(_shadow_weight_with_local_view)
         model.compile(backend="inductor")
         for step in range(3):
-            x = torch.randn(6, 8)
-            (ref(x) * torch.arange(4.0)).sum().backward()
-            (model(x) * torch.arange(4.0)).sum().backward()
+            x = torch.randn(6, 8, device=self.device_type)
+            scale = torch.arange(4.0, device=self.device_type)
+            (ref(x) * scale).sum().backward()
+            (model(x) * scale).sum().backward()
             weight, weight_ref = model._parameters["weight"], ref._parameters["weight"]
             self.assertEqual(weight.grad, weight_ref.grad)
             self.assertTrue(weight._local_tensor.is_leaf)
