@@ -1336,11 +1336,52 @@ class TestAotActInputRequiresGrad(DTensorTestBase):
             self.assertEqual(p.grad, q.grad, msg=name)
 
 
+class TestAotActInputUnwrap(DTensorTestBase):
+    # A compiled region fed an AsyncCollectiveTensor (the to_local() of an async
+    # redistribute) and returning views of it: outputs and gradients as in eager.
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def _check_against_eager(self, fn: Callable[..., Any], backend: str) -> None:
+        mesh = init_device_mesh(self.device_type, (self.world_size,))
+        torch.manual_seed(0)
+        w = torch.randn(8, 4)
+
+        def run(f):
+            # A different local shard on each rank, all-gathered asynchronously.
+            x = (torch.arange(16.0).view(4, 4) + 100 * self.rank).requires_grad_()
+            d = DTensor.from_local(x, mesh, [Shard(0)], run_check=False)
+            h = d.redistribute(mesh, [Replicate()], async_op=True).to_local()
+            self.assertIsInstance(h, AsyncCollectiveTensor)
+            outs = f(h, w)
+            sum((o * (i + 1)).sum() for i, o in enumerate(outs)).backward()
+            return [o.detach().clone() for o in outs], x.grad.clone()
+
+        ref_outs, ref_grad = run(fn)
+        compiled = torch.compile(fn, backend=backend, fullgraph=True)
+        for _ in range(2):
+            outs, grad = run(compiled)
+            self.assertEqual(outs, ref_outs)
+            self.assertEqual(grad, ref_grad)
+
+    @with_comms
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_view_of_async_input(self, backend: str) -> None:
+        self._check_against_eager(lambda h, w: (h * w, h.view(-1)), backend)
+
+    @with_comms
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_transposed_view_of_async_input(self, backend: str) -> None:
+        self._check_against_eager(lambda h, w: ((h * w).t(), h.t()), backend)
+
+
 instantiate_parametrized_tests(TestAotSubclassOutputsIntermediateBases)
 instantiate_parametrized_tests(TestAotSubclassOutputsSymintSlots)
 instantiate_parametrized_tests(TestAotSubclassOutputsViewReplay)
 instantiate_parametrized_tests(TestAotFreshAliasOutputs)
 instantiate_parametrized_tests(TestAotActInputRequiresGrad)
+instantiate_parametrized_tests(TestAotActInputUnwrap)
 
 
 if __name__ == "__main__":
