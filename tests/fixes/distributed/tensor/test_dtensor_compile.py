@@ -32,12 +32,14 @@ from torch.distributed.tensor import (
     Replicate,
     Shard,
 )
+from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     loss_parallel,
     parallelize_module,
     RowwiseParallel,
 )
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
@@ -1376,12 +1378,95 @@ class TestAotActInputUnwrap(DTensorTestBase):
         self._check_against_eager(lambda h, w: ((h * w).t(), h.t()), backend)
 
 
+class TestDtensorStridedShardViewCompile(torch._dynamo.test_case.TestCase):
+    """
+    One process, fake process group: compiled views that produce or consume a
+    _StridedShard, e.g. flattening (batch, seq, dim) of a sequence-sharded
+    activation into tokens, as at the MoE input with EP+TP.
+    """
+
+    bs, slen, dim = 8, 16, 32
+
+    @property
+    def device_type(self) -> str:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def setUp(self) -> None:
+        super().setUp()
+        dist.init_process_group(
+            "fake", store=FakeStore(), rank=0, world_size=WORLD_SIZE
+        )
+        self.mesh = init_device_mesh(self.device_type, (WORLD_SIZE,))
+
+    def tearDown(self) -> None:
+        super().tearDown()
+        dist.destroy_process_group()
+
+    def _check_against_eager(
+        self, fn: Callable, make_input: Callable[[], DTensor], backend: str
+    ) -> None:
+        torch.manual_seed(0)
+        x_ref, x = make_input(), make_input()
+        ref = fn(x_ref)
+        grad_out = torch.randn_like(ref)
+        (ref * grad_out).sum().backward()
+        # Sharding propagation cached by the eager run would skip the local
+        # shape computation that the compiled trace must do itself.
+        _clear_sharding_prop_cache()
+        out = torch.compile(fn, backend=backend, fullgraph=True)(x)
+        self.assertEqual(out, ref)
+        (out * grad_out).sum().backward()
+        self.assertEqual(x.grad.placements, x_ref.grad.placements)
+        self.assertEqual(x.grad.to_local(), x_ref.grad.to_local())
+
+    @skip_before("2.12", "sharding propagation of this view is not supported")
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_flatten_sequence_sharded(self, backend: str) -> None:
+        # Shard(1) on (bs, slen, dim) -> view(-1, dim) gives _StridedShard(0, sf=bs).
+        bs, slen, dim = self.bs, self.slen, self.dim
+        local = torch.randn(bs, slen // WORLD_SIZE, dim, device=self.device_type)
+
+        def make_input() -> DTensor:
+            return DTensor.from_local(
+                local.clone(), self.mesh, [Shard(1)], run_check=False
+            ).requires_grad_()
+
+        def fn(t: DTensor) -> torch.Tensor:
+            return (t.view(-1, dim) * 2).to_local()
+
+        flat = make_input().view(-1, dim)
+        self.assertEqual(flat.placements, (_StridedShard(0, split_factor=bs),))
+        self._check_against_eager(fn, make_input, backend)
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_view_of_strided_shard(self, backend: str) -> None:
+        # Tokens that arrive as _StridedShard(0, sf=bs) and are viewed again.
+        bs, slen, dim = self.bs, self.slen, self.dim
+        local = torch.randn(bs * slen // WORLD_SIZE, dim, device=self.device_type)
+
+        def make_input() -> DTensor:
+            return DTensor.from_local(
+                local.clone(),
+                self.mesh,
+                [_StridedShard(0, split_factor=bs)],
+                run_check=False,
+                shape=torch.Size([bs * slen, dim]),
+                stride=(dim, 1),
+            ).requires_grad_()
+
+        def fn(t: DTensor) -> torch.Tensor:
+            return (t.view(-1, dim) * 2).to_local()
+
+        self._check_against_eager(fn, make_input, backend)
+
+
 instantiate_parametrized_tests(TestAotSubclassOutputsIntermediateBases)
 instantiate_parametrized_tests(TestAotSubclassOutputsSymintSlots)
 instantiate_parametrized_tests(TestAotSubclassOutputsViewReplay)
 instantiate_parametrized_tests(TestAotFreshAliasOutputs)
 instantiate_parametrized_tests(TestAotActInputRequiresGrad)
 instantiate_parametrized_tests(TestAotActInputUnwrap)
+instantiate_parametrized_tests(TestDtensorStridedShardViewCompile)
 
 
 if __name__ == "__main__":
