@@ -87,3 +87,49 @@ def test_build_sh_compare(test_file: Path) -> None:
         1 test(s) change outcome (without -> with):
           test_upstream_like::test_fixed_by_the_overlay: fail -> pass
         """) in proc.stdout
+
+
+def test_options_after_the_file_and_pytest_args_after_dashes(test_file: Path) -> None:
+    # As the README writes it: `compare TEST_FILE --timeout S -- PYTEST ARGS`.
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_overlay.tools", "compare", str(test_file)]
+        + ["--timeout", "120", "--", "-k", "same"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no test of test_upstream_like.py changes outcome with the overlay (1 tests)" in proc.stdout
+
+
+_HANGS = '''
+import subprocess
+import sys
+import time
+
+
+def test_spawns_a_child_and_hangs():
+    # Like a rank of a multi-process test: its pid goes where the test can find it.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open("child.pid", "w") as f:
+        f.write(str(child.pid))
+    print("waiting for the child")
+    time.sleep(600)
+'''
+
+
+def test_a_timeout_ends_the_spawned_processes_and_shows_pytests_output(tmp_path: Path) -> None:
+    path = tmp_path / "test_hangs.py"
+    path.write_text(_HANGS, encoding="utf-8")
+    out = io.StringIO()
+    assert run_compare(path, ["-s"], timeout=15, out=out) == 2
+    text = out.getvalue()
+    assert "the run without the overlay wrote no report (timed out or crashed)" in text
+    assert "waiting for the child" in text and "killed after 15 s" in text
+    pid = int((tmp_path / "child.pid").read_text())
+    # The child was killed with the test's process group; only a zombie may remain.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except FileNotFoundError:
+        state = "gone"
+    assert state in ("gone", "Z"), state

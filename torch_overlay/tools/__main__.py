@@ -75,14 +75,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("test_file", type=Path, metavar="TEST_FILE")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per run (default: none)")
-    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="passed to pytest (e.g. -k 'subclass')")
+    p.epilog = "Arguments after -- are passed to pytest (e.g. -- -k 'subclass')."
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Everything after -- belongs to pytest; split it off first, since argparse's own handling
+    # of -- inside a subcommand would reject it.
+    pytest_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
     args = parser.parse_args(argv)
     if args.verb == "compare":
         from .compare import run_compare
 
-        extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-        return run_compare(args.test_file, extra, timeout=args.timeout)
+        return run_compare(args.test_file, pytest_args, timeout=args.timeout)
+    if pytest_args:
+        parser.error(f"{args.verb} takes no arguments after --")
     patches = (args.patches or load_config().patches_dir).resolve()
     try:
         if args.verb == "apply":

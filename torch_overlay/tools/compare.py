@@ -10,6 +10,7 @@ with it is a regression: the exit status is then 1.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -64,11 +65,24 @@ def _run(test_file: Path, pytest_args: list[str], overlay: bool, folder: Path, t
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     cmd += [f"--junitxml={report}", test_file.name, *pytest_args]
-    try:
-        subprocess.run(cmd, cwd=test_file.parent, env=env, timeout=timeout, stdout=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
-        pass  # the report is written at the end: a run that timed out has none
+    log = folder / f"pytest-{'with' if overlay else 'without'}.log"
+    with open(log, "wb") as f:
+        # A session of its own, so that a timeout also ends the ranks a test spawned.
+        proc = subprocess.Popen(
+            cmd, cwd=test_file.parent, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            f.write(f"\n[compare] killed after {timeout:g} s\n".encode())
     return report
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    return "".join(f"    {line}\n" for line in text.splitlines()[-lines:])
 
 
 def run_compare(
@@ -89,7 +103,9 @@ def run_compare(
             report = _run(test_file, pytest_args or [], overlay, Path(tmp), timeout)
             if not report.is_file():
                 side = "with" if overlay else "without"
-                out.write(f"error: the run {side} the overlay wrote no report (timed out or crashed)\n")
+                out.write(f"error: the run {side} the overlay wrote no report (timed out or crashed)")
+                out.write("; pytest's output ends:\n")
+                out.write(_tail(Path(tmp) / f"pytest-{side}.log"))
                 return 2
             sides[overlay] = outcomes(report)
     without, with_ = sides[False], sides[True]
