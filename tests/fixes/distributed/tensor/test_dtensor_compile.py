@@ -918,11 +918,8 @@ class TestAotSubclassOutputsViewReplay(SubclassOutputTestCase):
             self.assertEqual(proc.returncode, 0, f"run {run}: {proc.stderr[-3000:]}")
 
 
-class TestAotFreshAliasOutputs(torch._dynamo.test_case.TestCase):
-    """
-    One process, fake process group: to_local() of a DTensor graph input, and
-    plain-tensor functions returning an input or a view of it (unchanged).
-    """
+class FakeProcessGroupTestCase(torch._dynamo.test_case.TestCase):
+    """One process, fake process group, a 1-D mesh of WORLD_SIZE."""
 
     @property
     def device_type(self) -> str:
@@ -938,6 +935,13 @@ class TestAotFreshAliasOutputs(torch._dynamo.test_case.TestCase):
     def tearDown(self) -> None:
         super().tearDown()
         dist.destroy_process_group()
+
+
+class TestAotFreshAliasOutputs(FakeProcessGroupTestCase):
+    """
+    One process, fake process group: to_local() of a DTensor graph input, and
+    plain-tensor functions returning an input or a view of it (unchanged).
+    """
 
     def _param(self) -> nn.Parameter:
         torch.manual_seed(0)
@@ -1378,7 +1382,7 @@ class TestAotActInputUnwrap(DTensorTestBase):
         self._check_against_eager(lambda h, w: ((h * w).t(), h.t()), backend)
 
 
-class TestDtensorStridedShardViewCompile(torch._dynamo.test_case.TestCase):
+class TestDtensorStridedShardViewCompile(FakeProcessGroupTestCase):
     """
     One process, fake process group: compiled views that produce or consume a
     _StridedShard, e.g. flattening (batch, seq, dim) of a sequence-sharded
@@ -1386,21 +1390,6 @@ class TestDtensorStridedShardViewCompile(torch._dynamo.test_case.TestCase):
     """
 
     bs, slen, dim = 8, 16, 32
-
-    @property
-    def device_type(self) -> str:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-
-    def setUp(self) -> None:
-        super().setUp()
-        dist.init_process_group(
-            "fake", store=FakeStore(), rank=0, world_size=WORLD_SIZE
-        )
-        self.mesh = init_device_mesh(self.device_type, (WORLD_SIZE,))
-
-    def tearDown(self) -> None:
-        super().tearDown()
-        dist.destroy_process_group()
 
     def _check_against_eager(
         self, fn: Callable, make_input: Callable[[], DTensor], backend: str
