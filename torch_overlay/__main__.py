@@ -60,6 +60,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     repo = Path(torch_overlay._overlay.config.patches_dir).parent
+    known = [p.id for p in torch_overlay._overlay.patches()]
+    unknown = [i for i in args.ids if i not in known]
+    if unknown:
+        print(f"error: unknown patch id(s) {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
+        return 2
+    if not (repo / "tests").is_dir():
+        print(
+            f"error: verify runs each fix's reproducer tests, which ship with a source checkout of "
+            f"torch_overlay, not with the installed package ({repo} has no tests/ folder): run "
+            f"`./build.sh verify` (or `python -m torch_overlay verify`) in a checkout",
+            file=sys.stderr,
+        )
+        return 2
     patches = [p for p in torch_overlay._overlay.patches() if not args.ids or p.id in args.ids]
     if args.needed:
         needed = needed_ids(patches)

@@ -46,21 +46,36 @@ class CodeCache:
         return self._usable
 
     def _prepare(self, folder: Path) -> bool:
-        try:
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            unsafe = [p for p in (folder.parent, folder) if not _safe_stat(os.lstat(p)) or p.is_symlink()]
-        except OSError:
-            return False
-        if unsafe:
-            warnings.warn(
-                f"torch_overlay: the code cache folder {unsafe[0]} is not owned by this user or is writable "
-                "by others; it is not used (patched code is compiled in memory). Set "
-                "TORCH_OVERLAY_CACHE_DIR to a private folder.",
-                OverlayWarning,
-                stacklevel=4,
-            )
-            return False
+        """The top folder (``TORCH_OVERLAY_CACHE_DIR``) is made 0700 if new and must be safe before
+        anything is created inside it; then ``folder`` itself, 0700."""
+        for path in (folder.parent, folder):
+            try:
+                path.mkdir(mode=0o700, parents=True)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                return self._refuse(path, f"cannot be created ({exc.strerror or exc})")
+            try:
+                st = os.lstat(path)
+            except OSError as exc:
+                return self._refuse(path, f"cannot be read ({exc.strerror or exc})")
+            if stat.S_ISLNK(st.st_mode):
+                return self._refuse(path, "is a symbolic link")
+            if not stat.S_ISDIR(st.st_mode):
+                return self._refuse(path, "is not a folder")
+            if not _safe_stat(st):
+                return self._refuse(path, "is not owned by this user or is writable by others")
         return True
+
+    @staticmethod
+    def _refuse(path: Path, why: str) -> bool:
+        warnings.warn(
+            f"torch_overlay: the code cache folder {path} {why}; it is not used (patched code is "
+            "compiled in memory). Set TORCH_OVERLAY_CACHE_DIR to a private folder.",
+            OverlayWarning,
+            stacklevel=6,
+        )
+        return False
 
     def load_or_build(self, key: str, build: Callable[[], T], check: Callable[[Any], bool]) -> T:
         """The cached value for ``key`` if it verifies and passes ``check``, else ``build()`` (stored)."""

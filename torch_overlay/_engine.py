@@ -92,6 +92,25 @@ class _Component:
     reverted: bool = False
 
 
+def _warn(message: str, stacklevel: int) -> None:
+    """One channel for what must be seen: an ``OverlayWarning`` (filterable, shown once per place).
+
+    The log gets it at DEBUG only, so that a job with logging set up does not print it twice; the
+    INFO summary line names every drifted or failed patch.
+    """
+    warnings.warn(message, OverlayWarning, stacklevel=stacklevel)
+    log.debug("%s", message)
+
+
+def _installed_name(file: Path) -> str:
+    """The installed file under a name of its own (``dir/./file.py``) for code compiled from it.
+
+    linecache holds the patched text under the plain name (``inspect.getsource(module)`` shows the
+    module as it runs); code under this name reads the file on disk, as torch ships it.
+    """
+    return os.path.join(os.path.dirname(file), ".", os.path.basename(file))
+
+
 def _short_hash(text: str) -> str:
     import hashlib
 
@@ -154,8 +173,7 @@ class Overlay:
         text = f"torch_overlay: {message}"
         if self.config.strict:
             raise OverlayError(text)
-        warnings.warn(text, OverlayWarning, stacklevel=4)
-        log.warning(text)
+        _warn(text, stacklevel=5)
 
     def _build_components(self) -> None:
         """Group the active patches by shared files. A patch keeps the variants whose files all
@@ -427,8 +445,7 @@ class Overlay:
             if self.config.strict:
                 raise
             message = f"torch_overlay: could not refresh torch's caches after a patch ({type(exc).__name__}: {exc})"
-            warnings.warn(message, OverlayWarning, stacklevel=3)
-            log.warning(message)
+            _warn(message, stacklevel=4)
 
     # ---------------------------------------------------------------- revert
     def revert(self) -> list[str]:
@@ -476,8 +493,7 @@ class Overlay:
                 return
             entry.warned = True
             message = f"torch_overlay: patch {entry.patch.id} {state}: {reason}; torch is left unpatched"
-            warnings.warn(message, OverlayWarning, stacklevel=3)
-            log.warning(message)
+            _warn(message, stacklevel=4)
         else:
             log.debug("patch %s: %s (%s)", entry.patch.id, state, reason)
 
@@ -565,7 +581,7 @@ class Overlay:
         else:
             component = self._by_module[module]
             plan = component.modules[module]
-            unpatched = compile(plan.base, str(plan.file), "exec", dont_inherit=True)  # as torch ships it
+            unpatched = compile(plan.base, _installed_name(plan.file), "exec", dont_inherit=True)
             original = find_code(unpatched, code.co_qualname)
         if original is None or original.co_freevars != code.co_freevars:
             raise ValueError(f"{code.co_qualname}: the patch added it; torch has no original")

@@ -24,6 +24,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import _pytest_outcomes
+from ._pytest_outcomes import MARK
 from ._series import Patch
 from ._timings import Timings
 
@@ -46,16 +48,10 @@ VERDICTS = {
     (True, False): "REGRESSION: passes without the overlay, fails with it",
 }
 SIDES = ("without", "with")
-_RESULT_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
-# pytest's -v words as Outcome states: what a test's line says before the JUnit report is written
-_WORDS = {
-    "PASSED": "pass",
-    "FAILED": "fail",
-    "ERROR": "error",
-    "SKIPPED": "skipped",
-    "XFAIL": "skipped",
-    "XPASS": "pass",
-}
+# The line our pytest plugin prints when a test ends (its subtests counted), and its words as
+# Outcome states: what a test's line says before the JUnit report is written.
+_RESULT_LINE = re.compile(rf"^{re.escape(MARK)} (PASSED|FAILED|ERROR|SKIPPED) (\S+::\S+)")
+_WORDS = {"PASSED": "pass", "FAILED": "fail", "ERROR": "error", "SKIPPED": "skipped"}
 _HEARTBEAT_S = 30.0
 
 
@@ -154,10 +150,22 @@ def judge(without: Outcome, with_: Outcome) -> str:
     return VERDICTS[(without.state == "pass", with_.state == "pass")]
 
 
+# "AssertionError: ...", "torch._dynamo.exc.BackendCompilerFailed: ...": the line that names the error
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Failed|Interrupt)\b")
+
+
 def _first_line(text: str | None, limit: int = 200) -> str:
-    """The message's first line that says something (not a wrapper's ``... raised:``)."""
+    """The line of a failure message that says what went wrong.
+
+    The first line naming an exception, so that a child process's traceback (``Process 0 exited
+    with error code 10 and exception: Traceback ... File ..., in run_test``) gives its error, not a
+    frame; else the first line that is not a wrapper's ``... raised:``.
+    """
     lines = [s.strip() for s in (text or "").splitlines() if s.strip()]
-    line = next((s for s in lines if not s.endswith(":")), lines[0] if lines else "")
+    line = next(
+        (s for s in lines if _ERROR_LINE.match(s)),
+        next((s for s in lines if not s.endswith(":")), lines[0] if lines else ""),
+    )
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
@@ -240,6 +248,7 @@ class _Runner:
         with tempfile.TemporaryDirectory(prefix="torch_overlay-verify-") as tmp:
             report = Path(tmp) / "junit.xml"
             cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts="]
+            cmd += ["-p", _pytest_outcomes.__name__]
             cmd += [f"--junitxml={report}", *run.args]
             proc = subprocess.Popen(
                 cmd,
@@ -262,7 +271,7 @@ class _Runner:
                 tail.append(line.rstrip())
                 m = _RESULT_LINE.match(line)
                 if m:
-                    on_test(run, m.group(1), m.group(2))
+                    on_test(run, m.group(2), m.group(1))
             rc = proc.wait()
             timer.cancel()
             with self._lock:

@@ -100,12 +100,19 @@ def test_applies_at_import_and_runs_the_patched_source(sandbox, config, overlays
     assert "return 42" in inspect.getsource(mod.answer)
     assert "return x + k + 100" in inspect.getsource(mod.ADD_TWO)
     assert "def helper" in inspect.getsource(mod)
+    assert "return 41" in inspect.getsource(overlay.get_original(mod.answer))
     assert st.reason == "0001-fix.patch: answer, make_adder.<locals>.add, Widget.size, Widget.label, cached, helper"
     # The original loader is back on the spec (importlib.resources and pkgutil use it).
     assert type(mod.__spec__.loader).__name__ == "SourceFileLoader"
     # After linecache is cleared (inductor does it), the module's loader gives the patched text.
     linecache.clearcache()
     assert "return 42" in inspect.getsource(mod.answer)
+    # The original is what torch ships, in inspect too, before and after linecache is cleared.
+    original = overlay.get_original(mod.answer)
+    assert original() == 41
+    assert "return 41" in inspect.getsource(original)
+    linecache.clearcache()
+    assert "return 41" in inspect.getsource(original)
 
 
 def test_offsets_are_allowed(sandbox, config, overlays):

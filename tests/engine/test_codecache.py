@@ -154,3 +154,33 @@ def test_code_cache_switch_turns_the_disk_cache_off(sandbox, config, overlays, t
     overlays(config(cache_dir=tmp_path, code_cache=False)).activate()
     assert importlib.import_module(name).answer() == 42
     assert not (tmp_path / "code").exists()
+
+
+def test_a_new_top_folder_is_private_too(tmp_path):
+    top = tmp_path / "new" / "torch_overlay"
+    CodeCache(top / "code").load_or_build(KEY, _build, _is_code)
+    assert stat.S_IMODE(os.stat(top).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(top / "code").st_mode) == 0o700
+
+
+def test_a_cache_dir_that_is_a_file_is_reported(tmp_path):
+    top = tmp_path / "not-a-folder"
+    top.write_text("")
+    with pytest.warns(UserWarning, match="not-a-folder is not a folder; it is not used"):
+        value = CodeCache(top / "code").load_or_build(KEY, _build, _is_code)
+    assert _value(value) == 1
+
+
+@pytest.mark.parametrize("how", ["world-writable", "other-owner"])
+def test_nothing_is_created_in_a_refused_top_folder(tmp_path, how):
+    top = tmp_path / "shared"
+    top.mkdir()
+    if how == "other-owner":
+        if os.getuid() != 0:
+            pytest.skip("needs root to chown")
+        os.chown(top, 12345, -1)
+    else:
+        top.chmod(0o777)
+    with pytest.warns(UserWarning, match="not owned by this user or is writable by others"):
+        CodeCache(top / "code").load_or_build(KEY, _build, _is_code)
+    assert list(top.iterdir()) == []
