@@ -67,9 +67,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return 2
     if not (repo / "tests").is_dir():
         print(
-            f"error: verify runs each fix's reproducer tests, which ship with a source checkout of "
-            f"torch_overlay, not with the installed package ({repo} has no tests/ folder): run "
-            f"`./build.sh verify` (or `python -m torch_overlay verify`) in a checkout",
+            f"error: verify runs from a source checkout of torch_overlay: it runs each fix's "
+            f"reproducer tests, which the installed package does not ship ({repo} has no tests/ "
+            f"folder); run `./build.sh verify` in a checkout",
             file=sys.stderr,
         )
         return 2

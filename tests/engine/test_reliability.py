@@ -113,3 +113,11 @@ def test_a_switch_value_not_understood_is_reported_and_the_kill_switch_holds():
         [sys.executable, "-m", "torch_overlay", "status", "--lazy"], env=env, capture_output=True, text=True
     )
     assert status.returncode == 1 and "not understood" in status.stderr
+
+
+def test_a_warning_is_printed_once():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_OVERLAY_DISABLE": "no-such-fix"}
+    code = "import logging; logging.basicConfig(); import torch_overlay"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("no-such-fix") == 1, proc.stderr

@@ -123,3 +123,44 @@ def test_full_runs_each_file_and_needed_skips_what_torch_has(tmp_path):
     assert list(verdicts) == ["flag"]
     assert verdicts["flag"]["verdict"] == "bug present without, fixed with the overlay"
     assert "2 pytest runs for 1 fixes, 1 at a time" in err
+
+
+def test_a_failing_subtest_fails_its_test_in_the_progress_and_the_verdict(tmp_path):
+    # Two quick tests share one process each way: the progress then comes from each test's line.
+    folder = _series(
+        tmp_path,
+        flag={"Test": "tests/test_future.py", "Quick_Test": "tests/test_sub.py::TestSub::test_cases"},
+        fine={"Test": "tests/test_future.py", "Quick_Test": "tests/test_future.py::TestFuture::test_fine"},
+    )
+    (tmp_path / "tests" / "test_sub.py").write_text(
+        "import unittest\n\nimport torch_overlay  # noqa: F401\n\n\n"
+        "class TestSub(unittest.TestCase):\n"
+        "    def test_cases(self):\n"
+        "        import torch\n\n"
+        "        for case in range(2):\n"
+        "            with self.subTest(case=case):\n"
+        "                self.assertTrue(torch.__future__.get_overwrite_module_params_on_conversion())\n"
+    )
+    assert folder.is_dir()
+    rc, verdicts, err = _verify(tmp_path, "--quick", "-j", "2")
+    assert rc == 0, err
+    assert verdicts["flag"]["verdict"] == "bug present without, fixed with the overlay"
+    assert "flag without the overlay: fail" in err and "flag with the overlay: pass" in err
+    assert "flag: not needed" not in err
+
+
+def test_an_unknown_id_is_an_error_naming_the_known_ones(tmp_path):
+    _series(tmp_path, flag={"Test": "tests/test_future.py", "Test_Select": "TestFuture"})
+    rc, verdicts, err = _verify(tmp_path, "no-such-id")
+    assert rc == 2 and verdicts == {}
+    assert "unknown patch id(s) no-such-id; known: flag" in err
+
+
+def test_without_tests_verify_says_it_runs_from_a_checkout(tmp_path):
+    _series(tmp_path, flag={"Test": "tests/test_future.py", "Test_Select": "TestFuture"})
+    for f in (tmp_path / "tests").iterdir():
+        f.unlink()
+    (tmp_path / "tests").rmdir()
+    rc, verdicts, err = _verify(tmp_path)
+    assert rc == 2 and verdicts == {}
+    assert err.count("runs from a source checkout") == 1, err
