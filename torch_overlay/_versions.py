@@ -8,9 +8,12 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["find_file", "parse_version", "torch_root", "torch_version", "version_in"]
+__all__ = ["find_file", "parse_version", "SUPPORTED", "support_note", "torch_root", "torch_version", "version_in"]
 
 Version = tuple[int, int, int]
+
+# The torch releases the series is written and measured for (pyproject's dependency says the same).
+SUPPORTED = (">=2.11", "<2.16")
 
 
 def parse_version(text: str) -> Version:
@@ -65,6 +68,17 @@ def version_in(version: str | Version, spec: str) -> bool:
         if not ok:
             return False
     return True
+
+
+def support_note(version: str) -> str | None:
+    """A sentence when ``version`` is outside the supported releases, else None."""
+    if version_in(version, ",".join(SUPPORTED)):
+        return None
+    oldest, newest = SUPPORTED[0].lstrip(">="), SUPPORTED[1].lstrip("<")
+    return (
+        f"torch {version} is outside the releases this series supports (>= {oldest}, < {newest}): "
+        "each patch is still decided on the files, but none was measured on this release"
+    )
 
 
 def find_file(path: str, module: str) -> Path | None:

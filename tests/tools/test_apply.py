@@ -187,3 +187,15 @@ def test_build_sh_dispatches_apply(checkout):
     proc = subprocess.run([REPO / "build.sh", "apply", src, "--check"], capture_output=True, text=True, env=env)
     assert proc.returncode == (1 if _plan(src).drifted else 0), proc.stderr
     assert f"on {src}" in proc.stdout
+
+
+def test_a_checkout_older_than_the_supported_releases_is_said(tmp_path, build_cli):
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    (tmp_path / "version.txt").write_text("2.9.0\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "old")
+    rc, out, err = build_cli("apply", tmp_path, "--check", "--patches", PATCHES)
+    assert "version.txt: torch 2.9.0 is outside the releases this series supports (>= 2.11, < 2.16)" in err
+    assert "2.9.0" in out

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._versions import support_note
 from . import BuildError
 from ._paths import confined
 
@@ -109,4 +111,7 @@ def open_checkout(path: Path | str) -> Checkout:
     top = Path(proc.stdout.splitlines()[0]).resolve()
     if top != root:
         raise BuildError(f"{root} is inside the git repository {top}; pass the top of the PyTorch checkout")
+    note = support_note(version)
+    if note:
+        print(f"warning: {version_file}: {note}", file=sys.stderr)
     return Checkout(root, version)
