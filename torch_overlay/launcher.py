@@ -50,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given")
+    if not (BOOTSTRAP / "sitecustomize.py").is_file():
+        print(
+            f"torch-overlay-run: {BOOTSTRAP / 'sitecustomize.py'} is missing, so the job would run without "
+            "the overlay; reinstall torch_overlay (its package lacks the bootstrap)",
+            file=sys.stderr,
+        )
+        return 2
     executable = shutil.which(command[0])
     if executable is None:
         print(f"torch-overlay-run: {command[0]}: command not found", file=sys.stderr)

@@ -8,6 +8,7 @@ build leaves nothing in the repo.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import shutil
@@ -17,6 +18,9 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
+from tests.engine.test_launcher import RANK_SCRIPT
 from torch_overlay._series import read_series
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +34,10 @@ def _setuptools_version() -> tuple[int, ...]:
         return (0,)
 
 
-def test_pip_install_then_torch_overlay_status_reads_the_packaged_series(tmp_path):
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """``pip install .`` of a copy of the project into a fresh venv: (venv, env for its commands)."""
+    tmp_path = tmp_path_factory.mktemp("packaging")
     src = tmp_path / "src"
     src.mkdir()
     for name in SHIPPED:
@@ -52,6 +59,11 @@ def test_pip_install_then_torch_overlay_status_reads_the_packaged_series(tmp_pat
         pip.append("--no-build-isolation")  # else pip fetches a newer setuptools for the build
     proc = subprocess.run(pip, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
+    return venv, env
+
+
+def test_pip_install_then_torch_overlay_status_reads_the_packaged_series(installed, tmp_path):
+    venv, env = installed
     assert (venv / "bin" / "torch-overlay-run").is_file()
 
     elsewhere = tmp_path / "elsewhere"
@@ -71,3 +83,55 @@ def test_pip_install_then_torch_overlay_status_reads_the_packaged_series(tmp_pat
     out = subprocess.run([venv / "bin" / "python", "-c", code], capture_output=True, text=True, env=env, cwd=elsewhere)
     installed, own = out.stdout.split()
     assert installed == own
+
+
+def test_the_wheel_ships_every_module_and_the_bootstrap(installed):
+    venv, _ = installed
+    site_pkg = Path(sysconfig.get_path("purelib", vars={"base": str(venv)})) / "torch_overlay"
+    ours = {p.relative_to(REPO / "torch_overlay") for p in (REPO / "torch_overlay").rglob("*.py")}
+    shipped = {p.relative_to(site_pkg) for p in site_pkg.rglob("*.py")}
+    assert ours - shipped == set()
+    assert (site_pkg / "_bootstrap" / "sitecustomize.py").is_file()
+
+
+def test_the_installed_launcher_gives_every_rank_of_a_gloo_job_its_fixes(installed, tmp_path):
+    venv, env = installed
+    (tmp_path / "train.py").write_text(RANK_SCRIPT)
+    python = str(venv / "bin" / "python")
+    job = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py"]
+    proc = subprocess.run(
+        [venv / "bin" / "torch-overlay-run", *job], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"report-{rank}.json").read_text()) for rank in (0, 1)]
+    for report in reports:
+        assert report["early"]
+        assert report["states"]["aot-fresh-alias-outputs"] == ["applied", "at import"]
+    assert reports[0]["states"] == reports[1]["states"]
+
+
+def test_a_child_python_without_torch_overlay_says_it_runs_without_the_fixes(installed, tmp_path):
+    venv, env = installed
+    other = Path(sys.base_prefix) / "bin" / "python3"  # this interpreter's base: no torch_overlay there
+    probe = subprocess.run([other, "-c", "import torch_overlay"], capture_output=True, env=env)
+    if probe.returncode == 0:
+        pytest.skip(f"{other} can import torch_overlay")
+    code = "import sys; print('torch_overlay' in sys.modules)"
+    proc = subprocess.run(
+        [venv / "bin" / "torch-overlay-run", other, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and proc.stdout.split() == ["False"]
+    assert "could not import torch_overlay" in proc.stderr and "WITHOUT the overlay's fixes" in proc.stderr
+
+
+def test_the_launcher_refuses_to_start_without_its_bootstrap(installed, tmp_path):
+    venv, env = installed
+    site_pkg = Path(sysconfig.get_path("purelib", vars={"base": str(venv)})) / "torch_overlay"
+    broken = tmp_path / "broken"
+    shutil.copytree(site_pkg, broken / "torch_overlay", ignore=shutil.ignore_patterns("_bootstrap"))
+    proc = subprocess.run(
+        [venv / "bin" / "python", "-m", "torch_overlay", "run", "--", "python", "-c", "pass"],
+        env={**env, "PYTHONPATH": str(broken)}, cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert proc.returncode == 2
+    assert "sitecustomize.py is missing" in proc.stderr, proc.stderr

@@ -26,7 +26,10 @@ try:
 except Exception as exc:  # noqa: BLE001 - the job runs, unpatched, and says why
     if os.environ.get("TORCH_OVERLAY_STRICT", "").strip().lower() in ("1", "true", "yes", "on"):
         raise
-    sys.stderr.write(f"torch_overlay launcher: import torch_overlay failed ({type(exc).__name__}: {exc})\n")
+    sys.stderr.write(
+        f"torch_overlay launcher: {sys.executable} (pid {os.getpid()}) could not import torch_overlay "
+        f"({type(exc).__name__}: {exc}); this process runs WITHOUT the overlay's fixes\n"
+    )
 else:
     from torch_overlay import _launch_hooks
 
