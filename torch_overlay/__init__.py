@@ -37,6 +37,7 @@ __all__ = [
 
 _overlay = Overlay()
 _overlay.activate()
+_overlay.pass_to_children()
 
 
 def status() -> list[PatchStatus]:

@@ -31,6 +31,7 @@ class Config:
     strict: bool  # TORCH_OVERLAY_STRICT=1 raises instead of warning
     patches_dir: Path  # TORCH_OVERLAY_PATCHES=dir (default: the shipped series)
     code_cache: bool = True  # TORCH_OVERLAY_CODE_CACHE=0 compiles patched code in memory only
+    children: bool = True  # TORCH_OVERLAY_CHILDREN=0: child Pythons do not inherit the overlay
     cache_dir: Path = field(default_factory=lambda: default_cache_dir(os.environ))
     # One message per switch whose value was not understood (and what was done instead).
     # load_config does not warn: the engine reports them once, or raises under strict.
@@ -77,6 +78,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
     enabled = switch("TORCH_OVERLAY", True, "the overlay is disabled")
     strict = switch("TORCH_OVERLAY_STRICT", False, "strict mode stays off")
     code_cache = switch("TORCH_OVERLAY_CODE_CACHE", True, "the code cache is off")
+    children = switch("TORCH_OVERLAY_CHILDREN", True, "child processes do not inherit the overlay")
     disabled = frozenset(
         item.strip() for item in env.get("TORCH_OVERLAY_DISABLE", "").split(",") if item.strip()
     )
@@ -87,6 +89,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
         strict=strict,
         patches_dir=Path(patches) if patches else default_patches_dir(),
         code_cache=code_cache,
+        children=children,
         cache_dir=default_cache_dir(env),
         problems=tuple(problems),
     )

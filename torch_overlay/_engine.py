@@ -168,6 +168,17 @@ class Overlay:
             self._raise_if_strict(self._entries)
             self._maybe_log_summary()
 
+    def pass_to_children(self) -> None:
+        """Child Python processes started from now on import the overlay first, with this
+        process's switches (``TORCH_OVERLAY_CHILDREN=0`` opts out; nothing to pass when off)."""
+        from ._children import inherit
+
+        if self.config.enabled and self.config.children and not inherit(os.environ):
+            self._problem(
+                "the package lacks its bootstrap folder (_bootstrap/sitecustomize.py): child processes "
+                "started from here (mp.spawn, DataLoader workers) run without the overlay; reinstall torch_overlay"
+            )
+
     def _problem(self, message: str) -> None:
         self.problems.append(message)
         text = f"torch_overlay: {message}"

@@ -12,26 +12,10 @@ import argparse
 import os
 import shutil
 import sys
-from collections.abc import Mapping
-from pathlib import Path
+
+from ._children import BOOTSTRAP, launch_env
 
 __all__ = ["launch_env", "main"]
-
-BOOTSTRAP = Path(__file__).resolve().parent / "_bootstrap"
-
-
-def launch_env(environ: Mapping[str, str], *, check_ranks: bool = False) -> dict[str, str]:
-    """``environ`` with the bootstrap first on ``PYTHONPATH`` (and this package importable)."""
-    env = dict(environ)
-    parts = [str(BOOTSTRAP)]
-    package_parent = str(BOOTSTRAP.parent.parent)
-    if not any(Path(package_parent).match(p) for p in ("*/site-packages", "*/dist-packages")):
-        parts.append(package_parent)  # a source checkout: the children must find torch_overlay
-    old = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in parts]
-    env["PYTHONPATH"] = os.pathsep.join(parts + old)
-    if check_ranks:
-        env["TORCH_OVERLAY_CHECK_RANKS"] = "1"
-    return env
 
 
 def main(argv: list[str] | None = None) -> int:
