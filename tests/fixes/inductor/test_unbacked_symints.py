@@ -2,6 +2,7 @@
 import torch_overlay  # noqa: F401  # torch_overlay: plumbing
 
 import functools
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -479,12 +480,24 @@ class TestSizeHintUnbackedSubstitutionCycle(InductorTestCase):
             self.fail(f"{name} did not finish in {timeout} s")
         self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
 
+    def _run_forked(self, case: Callable[[], None], timeout: float) -> None:
+        # A fork of this process: torch is imported already, so the case's own time
+        # is all the time limit has to cover.
+        proc = multiprocessing.get_context("fork").Process(target=case)
+        proc.start()
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+            self.fail(f"{case.__name__} did not finish in {timeout} s")
+        self.assertEqual(proc.exitcode, 0)
+
     def test_optimization_hint_substitution_cycle(self):
         # The canonical expressions of the equalities lead back to each other:
         # substituting them never reaches a fixed point, and each round nests the
         # expression deeper.
-        # With the fix it takes seconds, most of them importing torch.
-        self._run_in_subprocess(optimization_hint_substitution_cycle, timeout=120)
+        # With the fix it takes about 0.1 s.
+        self._run_forked(optimization_hint_substitution_cycle, timeout=10)
 
     def test_moe_for_loop_unbacked_tokens_and_scores(self):
         # The min-cut partitioner sizes the saved activations with such hints.
