@@ -48,13 +48,17 @@ SPAWN_SCRIPT = textwrap.dedent(
 )
 
 
+# The launcher with no PYTHONPATH: it must make the package importable for the job itself.
+LAUNCH = f"import sys; sys.path.insert(0, {str(REPO)!r}); from torch_overlay.launcher import main; sys.exit(main())"
+
+
 def _launch(
     tmp_path: Path, *command: str, env: dict | None = None, options: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, str(REPO / "torch_overlay" / "launcher.py"), *options, "--", *command],
+        [sys.executable, "-c", LAUNCH, *options, "--", *command],
         cwd=tmp_path,
         env=full_env,
         capture_output=True,
