@@ -1,23 +1,26 @@
 """One rule, shared by the runtime overlay and the source-build tools: what a patch does to a tree.
 
-A torch older than ``Introduced`` does not have the bug (``not needed``). Otherwise, for each
-variant (those written for the installed version first): if its reverse diff applies,
-the tree already has it (``upstream``); otherwise the first variant whose forward diff applies is
-used (``applied``). Failing both, a torch at or past ``Applied-Upstream`` has the fix by another
-change (``upstream``); anything else is ``drift``.
+The header decides first, without reading a file: a torch older than ``Introduced`` does not have
+the bug (``not needed``); a released torch at or past ``Applied-Upstream`` has the fix
+(``upstream``). Otherwise, for each variant written for this torch (``Torch-Versions``; a variant
+without it fits any): if its reverse diff applies, the tree already has it (``upstream``); otherwise
+the first variant whose forward diff applies is used (``applied``). Failing both: ``drift``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ._hunks import apply_file_diff, HunkMismatch
 from ._patchfile import PatchFile
 from ._series import Patch
 from ._state import PatchState
-from ._versions import parse_version
+from ._versions import parse_version, version_in
 
-__all__ = ["apply_variant", "decide", "Decision"]
+__all__ = ["apply_variant", "decide", "decide_by_header", "Decision", "fitting_variants"]
+
+_PRE_RELEASE = re.compile(r"^\s*\d+(\.\d+)*\.?(a|b|rc|dev|alpha|beta)", re.I)
 
 
 @dataclass
@@ -36,14 +39,38 @@ def apply_variant(variant: PatchFile, texts: dict[str, str], reverse: bool = Fal
     return out
 
 
-def decide(patch: Patch, version: str, texts: dict[str, str]) -> Decision:
-    """What ``patch`` does to ``texts`` (path -> current text) on torch ``version``."""
-    introduced = patch.main.fields.get("Introduced", "") if patch.main else ""
+def decide_by_header(patch: Patch, version: str) -> Decision | None:
+    """The decision the patch's fields give for torch ``version`` alone, or None: read the files."""
+    main = patch.main
+    if main is None:
+        return None
+    introduced = main.fields.get("Introduced", "")
     if introduced and parse_version(version) < parse_version(introduced):
         return Decision(PatchState.NOT_NEEDED, f"the bug came with torch {introduced}; torch {version} does not have it")
+    fixed_in = main.fields.get("Applied-Upstream", "")
+    # A pre-release ("2.13.0a0", a source checkout of main) may predate the fix: its files decide.
+    if fixed_in and not _PRE_RELEASE.search(version) and parse_version(version) >= parse_version(fixed_in):
+        return Decision(PatchState.UPSTREAM, f"fixed upstream in torch {fixed_in}")
+    return None
+
+
+def fitting_variants(patch: Patch, version: str) -> list[PatchFile]:
+    """The variants written for torch ``version`` (those without ``Torch-Versions`` fit any), in order."""
+    return [v for v in patch.ordered_variants(version) if version_in(version, v.fields.get("Torch-Versions", ""))]
+
+
+def decide(patch: Patch, version: str, texts: dict[str, str]) -> Decision:
+    """What ``patch`` does to ``texts`` (path -> current text) on torch ``version``."""
+    by_header = decide_by_header(patch, version)
+    if by_header is not None:
+        return by_header
+    variants = fitting_variants(patch, version)
+    if not variants:
+        names = ", ".join(f"{v.path.name} ({v.fields['Torch-Versions']})" for v in patch.variants)
+        return Decision(PatchState.DRIFT, f"no variant is written for torch {version}: {names}")
     forward: Decision | None = None
     missing: set[str] = set()
-    for variant in patch.ordered_variants(version):
+    for variant in variants:
         absent = [d.path for d in variant.files if d.path not in texts]
         if absent:
             missing.update(absent)
@@ -60,9 +87,6 @@ def decide(patch: Patch, version: str, texts: dict[str, str]) -> Decision:
                 pass
     if forward is not None:
         return forward
-    fixed_in = patch.main.fields.get("Applied-Upstream", "") if patch.main else ""
-    if fixed_in and parse_version(version) >= parse_version(fixed_in):
-        return Decision(PatchState.UPSTREAM, f"fixed upstream in torch {fixed_in} (by a different change); not needed")
-    names = ", ".join(v.path.name for v in patch.variants)
+    names = ", ".join(v.path.name for v in variants)
     why = f"{', '.join(sorted(missing))} missing" if missing else "torch changed around the fix"
     return Decision(PatchState.DRIFT, f"no variant fits torch {version} ({names}): {why}")

@@ -22,7 +22,7 @@ from typing import Any, TYPE_CHECKING
 
 from ._codecache import CodeCache
 from ._config import Config, load_config
-from ._decide import decide
+from ._decide import decide, decide_by_header, fitting_variants
 from ._importhook import ImportHook
 from ._invalidate import clear_dtensor_caches, CompileCacheSalt, touches_dtensor
 from ._originals import codes_of, find_code, with_code
@@ -160,6 +160,11 @@ class Overlay:
                     entry.state, entry.reason = PatchState.DISABLED, "TORCH_OVERLAY=0"
                 elif entry.patch.id in self.config.disabled_ids:
                     entry.state, entry.reason = PatchState.DISABLED, "TORCH_OVERLAY_DISABLE"
+                else:
+                    # Settled by the fields alone: no file of such a patch is read or watched.
+                    decision = decide_by_header(entry.patch, torch_version())
+                    if decision is not None:
+                        self._set(entry, decision.state, decision.reason)
             self._build_components()
             self._watch()
             for component in {id(c): c for c in self._by_module.values()}.values():
@@ -187,21 +192,26 @@ class Overlay:
         _warn(text, stacklevel=5)
 
     def _build_components(self) -> None:
-        """Group the active patches by shared files. A patch keeps the variants whose files all
-        exist in the installed torch (a variant for another release may touch a file this one
-        does not have); with none, it fails."""
+        """Group the active patches by shared files. A patch keeps the variants written for the
+        installed torch whose files all exist in it; with none, it fails (or drifts, when no
+        variant is written for this torch)."""
         active = [e for e in self._entries if e.state == PatchState.PENDING]
+        version = torch_version()
         files: dict[str, Path | None] = {}
         for entry in active:
-            for target in entry.patch.targets:
-                if target.path not in files:
-                    files[target.path] = find_file(target.path, target.module)
-            present = [
-                v for v in entry.patch.variants if all(files[d.path] is not None for d in v.files)
-            ]
+            fitting = fitting_variants(entry.patch, version)
+            if not fitting:
+                decision = decide(entry.patch, version, {})
+                self._set(entry, decision.state, decision.reason)
+                continue
+            for variant in fitting:
+                for diff in variant.files:
+                    if diff.path not in files:
+                        files[diff.path] = find_file(diff.path, diff.target.module)
+            present = [v for v in fitting if all(files[d.path] is not None for d in v.files)]
             entry.targets = list(dict.fromkeys(d.target for v in present for d in v.files))
             if not present:
-                missing = [t.path for t in entry.patch.targets if files[t.path] is None]
+                missing = sorted({d.path for v in fitting for d in v.files if files[d.path] is None})
                 self._set(entry, PatchState.FAILED, f"{', '.join(missing)} not found in the installed torch")
         active = [e for e in active if e.state == PatchState.PENDING]
         # Union of entries that share a path.
