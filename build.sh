@@ -28,6 +28,9 @@ Usage: ./build.sh VERB [ARGS]
   stage PYTORCH_SRC [--branch NAME] [--out DIR]
                        one commit per patch with its upstream test and PR body, on a new branch
   (apply, wheel and stage take --patches DIR to use another series)
+  matrix [VERSIONS]     verify --quick on each supported torch (2.11.0 2.12.1 2.13.0 2.14.1 2.15.0),
+                       one after another in their private venvs; writes docs/matrix.md and fails
+                       when a measured cell contradicts a patch's Affects/Introduced/Applied-Upstream
   compare TEST_FILE [--timeout S] [-- PYTEST ARGS]
                        run a test file (e.g. PyTorch's own, fetched into a scratch folder) without
                        and with the overlay; list every test whose outcome differs (exit 1 if a
@@ -145,6 +148,24 @@ cmd_demo() {
   PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" -m torch_overlay verify --quick --needed "$@"
 }
 
+SUPPORTED_VERSIONS=(2.11.0 2.12.1 2.13.0 2.14.1 2.15.0)
+
+cmd_matrix() {
+  local versions=("$@") reports v py rc=0
+  [ ${#versions[@]} -gt 0 ] || versions=("${SUPPORTED_VERSIONS[@]}")
+  reports="$(mktemp -d)"
+  for v in "${versions[@]}"; do
+    echo "== torch $v: status, then verify --quick --needed (progress below)" >&2
+    py="$(TORCH_VERSION="$v" python_for_version)"
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" -m torch_overlay status --json >"$reports/$v.status.json" || true
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" -m torch_overlay verify --quick --needed --json \
+      >"$reports/$v.verify.json" || true
+  done
+  run_py -m torch_overlay.tools matrix "$reports"/*.json --out "$ROOT/docs/matrix.md" || rc=$?
+  rm -rf "$reports"
+  return $rc
+}
+
 cmd_bench() {
   local b
   for b in "$ROOT"/benchmarks/bench_*.py; do
@@ -158,6 +179,7 @@ case "$verb" in
   demo) cmd_demo "$@" ;;
   test) cmd_test "$@" ;;
   bench) cmd_bench "$@" ;;
+  matrix) cmd_matrix "$@" ;;
   status) run_py -m torch_overlay status "$@" ;;
   verify) run_py -m torch_overlay verify "$@" ;;
   apply | wheel | stage | compare) run_py -m torch_overlay.tools "$verb" "$@" ;;

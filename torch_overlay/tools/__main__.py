@@ -77,6 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per run (default: none)")
     p.epilog = "Arguments after -- are passed to pytest (e.g. -- -k 'subclass')."
 
+    p = sub.add_parser(
+        "matrix",
+        help="tabulate status and verify reports of several torch versions (what build.sh matrix runs)",
+        description="Read <version>.status.json and <version>.verify.json reports, write the fix x torch "
+        "table, and exit 1 if a measured cell contradicts a patch's Affects, Introduced or Applied-Upstream "
+        "field, or a fix does not fix.",
+    )
+    p.add_argument("reports", type=Path, nargs="+", metavar="REPORT")
+    p.add_argument("--out", type=Path, required=True, metavar="FILE")
+    _add_patches(p)
+
     argv = sys.argv[1:] if argv is None else list(argv)
     # Everything after -- belongs to pytest; split it off first, since argparse's own handling
     # of -- inside a subcommand would reject it.
@@ -90,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     if pytest_args:
         parser.error(f"{args.verb} takes no arguments after --")
     patches = (args.patches or load_config().patches_dir).resolve()
+    if args.verb == "matrix":
+        from .._series import read_series
+        from .matrix import run_matrix
+
+        return run_matrix(args.reports, read_series(patches), args.out)
     try:
         if args.verb == "apply":
             from .apply import run_apply
