@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.replicas.test_check_replicas import RIGHT, ToyTPMoE  # noqa: E402
-from torch_overlay.replicas import check_replicas  # noqa: E402
+from torch_overlay.checks.replicas import check_replicas  # noqa: E402
 
 
 WORLD_SIZE = 2

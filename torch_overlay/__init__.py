@@ -7,11 +7,13 @@ imported here. See ``python -m torch_overlay status``.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from ._engine import Overlay
-from ._version import __version__
 from ._state import Mode, OverlayError, OverlayWarning, PatchState, PatchStatus, Target
+from ._version import __version__
+from .engine.overlay import Overlay
+from .launch.env import inherit
 
 __all__ = [
     "Mode",
@@ -37,7 +39,12 @@ __all__ = [
 
 _overlay = Overlay()
 _overlay.activate()
-_overlay.pass_to_children()
+# Python processes started from here on import the overlay first, with this process's switches.
+if _overlay.config.enabled and _overlay.config.children and not inherit(os.environ):
+    _overlay.report_problem(
+        "the package lacks its bootstrap folder (launch/_bootstrap/sitecustomize.py): child processes "
+        "started from here (mp.spawn, DataLoader workers) run without the overlay; reinstall torch_overlay"
+    )
 
 
 def status() -> list[PatchStatus]:
@@ -65,14 +72,14 @@ def get_original(obj: Any) -> Any:
 
 
 _LAZY = {
-    "check_replicas": "torch_overlay.replicas",
-    "guard_replicas": "torch_overlay.replicas",
-    "ReplicaReport": "torch_overlay.replicas",
-    "ReplicaDivergenceError": "torch_overlay.replicas",
-    "ReplicaDivergenceWarning": "torch_overlay.replicas",
-    "ReplicaMismatch": "torch_overlay.replicas",
-    "check_ranks": "torch_overlay.ranks",
-    "RanksReport": "torch_overlay.ranks",
+    "check_replicas": "torch_overlay.checks.replicas",
+    "guard_replicas": "torch_overlay.checks.replicas",
+    "ReplicaReport": "torch_overlay.checks.replicas",
+    "ReplicaDivergenceError": "torch_overlay.checks.replicas",
+    "ReplicaDivergenceWarning": "torch_overlay.checks.replicas",
+    "ReplicaMismatch": "torch_overlay.checks.replicas",
+    "check_ranks": "torch_overlay.checks.ranks",
+    "RanksReport": "torch_overlay.checks.ranks",
 }
 
 

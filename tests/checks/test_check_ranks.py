@@ -21,8 +21,8 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
 )
 
 import torch_overlay
-from torch_overlay.ranks import check_ranks
-from torch_overlay.replicas import check_replicas
+from torch_overlay.checks.ranks import check_ranks
+from torch_overlay.checks.replicas import check_replicas
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ import torch_overlay
 import torch
 import torch.distributed as dist
 import torch.distributed.tensor  # decides the DTensor patches
-from torch_overlay.replicas import check_replicas
+from torch_overlay.checks.replicas import check_replicas
 
 rank, world_size, store = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)

@@ -22,7 +22,7 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
     with_comms,
 )
 
-from torch_overlay.replicas import (
+from torch_overlay.checks.replicas import (
     check_replicas,
     guard_replicas,
     ReplicaDivergenceError,

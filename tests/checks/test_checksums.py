@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from torch_overlay import _checksums
-from torch_overlay._checksums import _pieces, Checksums, EXACT, FLOAT, NONFINITE
+from torch_overlay.checks.checksums import _pieces, Checksums, EXACT, FLOAT, NONFINITE
 
 
 def _row(t: torch.Tensor, atol: float = 0.0) -> torch.Tensor:

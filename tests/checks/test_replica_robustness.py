@@ -9,7 +9,7 @@ from torch.distributed.tensor import distribute_module, DTensor, Replicate, Shar
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import DTensorTestBase, with_comms
 
-from torch_overlay.replicas import check_replicas, guard_replicas, ReplicaDivergenceError
+from torch_overlay.checks.replicas import check_replicas, guard_replicas, ReplicaDivergenceError
 
 
 class ReplicaRobustnessTest(DTensorTestBase):

@@ -4,9 +4,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torch_overlay._versions import torch_root
+from torch_overlay.series.versions import torch_root
 
-from ._fixtures import make_diff, make_patch
+from tests.engine._fixtures import make_diff, make_patch
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torch_overlay._versions import torch_root
+from torch_overlay.series.versions import torch_root
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = "torch/__future__.py"
@@ -167,7 +167,7 @@ def test_without_tests_verify_says_it_runs_from_a_checkout(tmp_path):
 
 
 def test_a_child_process_failure_is_summed_up_by_its_error_not_a_frame():
-    from torch_overlay._verify import _first_line
+    from torch_overlay.cli.verify import _first_line
 
     message = (
         "Process 0 exited with error code 10 and exception:\n"

@@ -7,7 +7,7 @@ import pytest
 
 import torch.compiler.config as compiler_config
 
-from torch_overlay._engine import Overlay, OverlayError
+from torch_overlay.engine.overlay import Overlay, OverlayError
 
 from ._fixtures import make_diff, make_patch
 

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from torch_overlay._codecache import CodeCache, FORMAT
+from torch_overlay.engine.codecache import CodeCache, FORMAT
 
 from ._fixtures import make_diff, make_patch
 from .test_apply import _state, MODULE, overlays, PATCHED  # noqa: F401  (overlays is a fixture)

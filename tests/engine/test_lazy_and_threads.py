@@ -7,8 +7,8 @@ import threading
 from pathlib import Path
 
 
-from torch_overlay._engine import Overlay
-from torch_overlay._versions import parse_version, torch_version
+from torch_overlay.engine.overlay import Overlay
+from torch_overlay.series.versions import parse_version, torch_version
 
 from ._fixtures import make_diff, make_patch
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from torch_overlay._engine import Overlay
+from torch_overlay.engine.overlay import Overlay
 from torch_overlay._state import OverlayError
 
 from ._fixtures import make_diff, make_patch

@@ -49,7 +49,7 @@ SPAWN_SCRIPT = textwrap.dedent(
 
 
 # The launcher with no PYTHONPATH: it must make the package importable for the job itself.
-LAUNCH = f"import sys; sys.path.insert(0, {str(REPO)!r}); from torch_overlay.launcher import main; sys.exit(main())"
+LAUNCH = f"import sys; sys.path.insert(0, {str(REPO)!r}); from torch_overlay.launch.launcher import main; sys.exit(main())"
 
 
 def _launch(

@@ -2,10 +2,10 @@ from hypothesis import given, settings, strategies as st
 
 import pytest
 
-from torch_overlay._hunks import apply_file_diff, HunkMismatch
-from torch_overlay._patchfile import parse_patch
+from torch_overlay.series.hunks import apply_file_diff, HunkMismatch
+from torch_overlay.series.patchfile import parse_patch
 
-from ._fixtures import make_diff, make_patch
+from tests.engine._fixtures import make_diff, make_patch
 
 BASE = "".join(f"line {i}\n" for i in range(40))
 

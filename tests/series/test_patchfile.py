@@ -1,9 +1,9 @@
 import pytest
 
-from torch_overlay._patchfile import parse_patch, PatchParseError
-from torch_overlay._series import read_series
+from torch_overlay.series.patchfile import parse_patch, PatchParseError
+from torch_overlay.series.series import read_series
 
-from ._fixtures import make_diff, make_patch
+from tests.engine._fixtures import make_diff, make_patch
 
 OLD = "def f():\n    return 1\n"
 NEW = "def f():\n    return 2\n"

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from torch_overlay._versions import parse_version, torch_root, torch_version
+from torch_overlay.series.versions import parse_version, torch_root, torch_version
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches"
@@ -118,7 +118,7 @@ def reset(src: Path) -> Path:
 
 def copy_series(dest: Path, ids: list[str] | None = None) -> Path:
     """A copy of the shipped patches folder (only ``ids`` when given), under ``dest/patches``."""
-    from torch_overlay._series import read_series
+    from torch_overlay.series.series import read_series
 
     patches = dest / "patches"
     patches.mkdir(parents=True)

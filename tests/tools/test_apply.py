@@ -20,7 +20,7 @@ from tests.tools._standin import (
     versions_under_test,
 )
 from torch_overlay.tools._checkout import open_checkout
-from torch_overlay.tools._plan import load_series, Plan, plan_series
+from torch_overlay.series.plan import load_series, Plan, plan_series
 
 VERSIONS = versions_under_test()
 WORDS = {"applied": "would apply", "upstream": "upstream", "drift": "drift", "not needed": "not needed"}

@@ -17,17 +17,17 @@ import subprocess
 import pytest
 
 from tests.tools._standin import installed_torches, PATCHES, REPO, versions_under_test
-from torch_overlay._series import read_series
-from torch_overlay._verify import selected_classes
+from torch_overlay.series.series import read_series
+from torch_overlay.cli.verify import selected_classes
 from torch_overlay.tools._checkout import open_checkout
-from torch_overlay.tools._plan import load_series, plan_series
+from torch_overlay.series.plan import load_series, plan_series
 from torch_overlay.tools._testfile import fix_test
 
 RUNTIME = r"""
 import contextlib, io, json
 import torch_overlay
 from torch_overlay import _overlay
-from torch_overlay.__main__ import _import_targets
+from torch_overlay.cli.main import _import_targets
 
 # The status CLI's way of importing every target (entry points first); it notes failures on stderr.
 errors = io.StringIO()

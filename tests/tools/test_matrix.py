@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from torch_overlay._patchfile import PatchFile
-from torch_overlay._series import Patch
+from torch_overlay.series.patchfile import PatchFile
+from torch_overlay.series.series import Patch
 from torch_overlay.tools.matrix import run_matrix
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.test_launcher import RANK_SCRIPT
-from torch_overlay._series import read_series
+from tests.launch.test_launcher import RANK_SCRIPT
+from torch_overlay.series.series import read_series
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = ("pyproject.toml", "setup.py", "README.md", "torch_overlay", "patches")

@@ -21,8 +21,8 @@ from tests.tools._standin import (
 )
 from torch_overlay.tools import BuildError
 from torch_overlay.tools._checkout import open_checkout
-from torch_overlay.tools._plan import load_series, plan_series, series_hash
-from torch_overlay._verify import selected_classes
+from torch_overlay.series.plan import load_series, plan_series, series_hash
+from torch_overlay.cli.verify import selected_classes
 from torch_overlay.tools._testfile import fix_test, merge_test, reproducer_names, resolve_gates, strip_plumbing
 
 VERSIONS = versions_under_test()

@@ -24,11 +24,11 @@ from types import SimpleNamespace
 import pytest
 
 from tests.tools._standin import installed_torches, PATCHES, REPO, versions_under_test
-from torch_overlay._series import read_series
-from torch_overlay._verify import selected_classes
-from torch_overlay._versions import parse_version, torch_version
+from torch_overlay.series.series import read_series
+from torch_overlay.cli.verify import selected_classes
+from torch_overlay.series.versions import parse_version, torch_version
 from torch_overlay.tools import BuildError
-from torch_overlay.tools._plan import load_series, plan_series
+from torch_overlay.series.plan import load_series, plan_series
 from torch_overlay.tools._testfile import fix_test
 from torch_overlay.tools.wheel import find_torch_wheels, overlay_version, record_line
 

@@ -1,4 +1,4 @@
-"""Checksums of local tensors for :mod:`torch_overlay.replicas`.
+"""Checksums of local tensors for :mod:`torch_overlay.checks.replicas`.
 
 One row of int64 words per tensor, in three parts:
 

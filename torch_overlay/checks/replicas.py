@@ -26,7 +26,7 @@ from typing import Literal, TYPE_CHECKING
 import torch
 from torch import nn
 
-from ._checksums import (
+from .checksums import (
     Checksums,
     EXACT,
     FLOAT,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch_overlay
 
-from ._report import format_status, to_json
-from ._verify import format_verdicts, needed_ids, verify
-from ._versions import torch_version
+from .report import format_status, to_json
+from .verify import format_verdicts, needed_ids, verify
+from ..series.versions import torch_version
 
 
 # Import these before a target inside them: some internals can't be imported first on their own.
@@ -94,7 +94,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def main_run() -> int:
     """The ``torch-overlay-run`` console script."""
-    from .launcher import main as launch
+    from ..launch.launcher import main as launch
 
     return launch(sys.argv[1:])
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["run"]:
-        from .launcher import main as launch  # its own options; everything after them is the command
+        from ..launch.launcher import main as launch  # its own options; everything after them is the command
 
         return launch(argv[1:])
     args = parser.parse_args(argv)

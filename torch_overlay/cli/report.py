@@ -6,7 +6,7 @@ import json
 import shutil
 import textwrap
 
-from ._state import PatchStatus
+from .._state import PatchStatus
 
 __all__ = ["format_status", "format_table", "short_bug", "to_json"]
 

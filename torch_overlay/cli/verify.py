@@ -24,10 +24,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import _pytest_outcomes
-from ._pytest_outcomes import MARK
-from ._series import Patch
-from ._timings import Timings
+from . import pytest_outcomes
+from .pytest_outcomes import MARK
+from ..series.series import Patch
+from .timings import Timings
 
 __all__ = [
     "Outcome",
@@ -125,9 +125,9 @@ def selected_classes(select: str) -> list[str]:
 
 def needed_ids(patches: list[Patch]) -> set[str]:
     """Ids of the patches the installed torch needs, decided on its source files, without importing it."""
-    from ._versions import torch_root, torch_version
-    from ._state import PatchState
-    from .tools._plan import plan_series
+    from ..series.versions import torch_root, torch_version
+    from .._state import PatchState
+    from ..series.plan import plan_series
 
     root = torch_root()
 
@@ -248,7 +248,7 @@ class _Runner:
         with tempfile.TemporaryDirectory(prefix="torch_overlay-verify-") as tmp:
             report = Path(tmp) / "junit.xml"
             cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts="]
-            cmd += ["-p", _pytest_outcomes.__name__]
+            cmd += ["-p", pytest_outcomes.__name__]
             cmd += [f"--junitxml={report}", *run.args]
             proc = subprocess.Popen(
                 cmd,

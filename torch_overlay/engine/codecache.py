@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ._state import OverlayWarning
+from .._state import OverlayWarning
 
 __all__ = ["CodeCache"]
 

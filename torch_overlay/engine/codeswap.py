@@ -22,7 +22,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._codecache import CodeCache
+from .codecache import CodeCache
 
 __all__ = ["CodeSwapError", "SwapPlan", "plan_swap"]
 

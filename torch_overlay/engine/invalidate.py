@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ._importhook import ImportHook
+from .importhook import ImportHook
 
 __all__ = ["CompileCacheSalt", "clear_dtensor_caches", "touches_dtensor"]
 

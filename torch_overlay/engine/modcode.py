@@ -11,7 +11,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._codecache import CodeCache
+from .codecache import CodeCache
 
 __all__ = ["ModuleCode", "compile_module", "MODULE_LEVEL", "TAG"]
 

@@ -16,80 +16,25 @@ import sys
 import threading
 import types
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import Any
 
-from ._codecache import CodeCache
-from ._config import Config, load_config
-from ._decide import decide, decide_by_header, fitting_variants
-from ._importhook import ImportHook
-from ._invalidate import clear_dtensor_caches, CompileCacheSalt, touches_dtensor
-from ._originals import codes_of, find_code, with_code
-from ._patchfile import PatchFile
-from ._series import Patch, read_series, SeriesError
-from ._state import Mode, OverlayError, OverlayWarning, PatchState, PatchStatus, Target
-from ._versions import find_file, torch_version
-
-if TYPE_CHECKING:
-    from ._codeswap import SwapPlan
-    from ._modcode import ModuleCode
+from .._config import Config, load_config
+from .._state import Mode, OverlayError, OverlayWarning, PatchState, PatchStatus
+from ..series.decide import decide_by_header
+from ..series.series import Patch, read_series, SeriesError
+from ..series.versions import torch_version
+from . import originals
+from .codecache import CodeCache
+from .components import Component, Entry, group_components, ModulePlan
+from .decider import decide_component
+from .importhook import ImportHook
+from .invalidate import clear_dtensor_caches, CompileCacheSalt, touches_dtensor
+from .revert import revert_components
 
 __all__ = ["Overlay"]
 
 log = logging.getLogger("torch_overlay")
-
-LATE_IMPORT = (
-    "{module} was imported before torch_overlay; import torch_overlay first or use the launcher "
-    "(python -m torch_overlay run -- ...)"
-)
-
-
-@dataclass(eq=False)
-class _Entry:
-    patch: Patch
-    state: PatchState = PatchState.PENDING
-    reason: str = ""
-    variant: PatchFile | None = None
-    component: _Component | None = None
-    plans: list[SwapPlan] = field(default_factory=list)  # late path: committed swaps
-    swapped: set[str] = field(default_factory=set)  # modules whose functions were swapped
-    at_import: set[str] = field(default_factory=set)  # modules that executed the patched source
-    changes: set[str] = field(default_factory=set)  # modules this patch's variant changes
-    # The files of the variants whose files all exist in the installed torch
-    targets: list[Target] = field(default_factory=list)
-    warned: bool = False
-
-    @property
-    def live(self) -> bool:
-        return bool(self.swapped or self.at_import)
-
-
-@dataclass
-class _ModulePlan:
-    """What a module not yet imported at the decision runs when it is."""
-
-    target: Target
-    file: Path
-    base: str  # the file's text when the component was decided
-    steps: list[tuple[str, str]] = field(default_factory=list)  # (patch id, text after it)
-    entries: list[_Entry] = field(default_factory=list)
-    code: ModuleCode | None = None
-
-    @property
-    def text(self) -> str:
-        return self.steps[-1][1] if self.steps else self.base
-
-
-@dataclass(eq=False)
-class _Component:
-    entries: list[_Entry]
-    files: dict[str, Path]  # torch-relative path -> file
-    targets: dict[str, Target]  # path -> target
-    decided: bool = False
-    modules: dict[str, _ModulePlan] = field(default_factory=dict)  # module name -> plan
-    texts: dict[str, str] = field(default_factory=dict)  # path -> text its module runs (swapped or planned)
-    reverted: bool = False
 
 
 def _warn(message: str, stacklevel: int) -> None:
@@ -102,15 +47,6 @@ def _warn(message: str, stacklevel: int) -> None:
     log.debug("%s", message)
 
 
-def _installed_name(file: Path) -> str:
-    """The installed file under a name of its own (``dir/./file.py``) for code compiled from it.
-
-    linecache holds the patched text under the plain name (``inspect.getsource(module)`` shows the
-    module as it runs); code under this name reads the file on disk, as torch ships it.
-    """
-    return os.path.join(os.path.dirname(file), ".", os.path.basename(file))
-
-
 def _short_hash(text: str) -> str:
     import hashlib
 
@@ -121,8 +57,8 @@ class Overlay:
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or load_config()
         self._lock = threading.RLock()
-        self._entries: list[_Entry] = []
-        self._by_module: dict[str, _Component] = {}
+        self._entries: list[Entry] = []
+        self._by_module: dict[str, Component] = {}
         self._hook = ImportHook(self._provide, self._fallback)
         self._salt = CompileCacheSalt(self._hook)
         folder = self.config.cache_dir / "code" if self.config.code_cache and self.config.cache_dir else None
@@ -145,7 +81,7 @@ class Overlay:
                 self._problem(str(exc))
             for problem in self.config.problems:
                 self._problem(problem)
-            self._entries = [_Entry(p) for p in patches]
+            self._entries = [Entry(p) for p in patches]
             known = {e.patch.id for e in self._entries}
             unknown = sorted(self.config.disabled_ids - known)
             if unknown and patches:
@@ -173,16 +109,9 @@ class Overlay:
             self._raise_if_strict(self._entries)
             self._maybe_log_summary()
 
-    def pass_to_children(self) -> None:
-        """Child Python processes started from now on import the overlay first, with this
-        process's switches (``TORCH_OVERLAY_CHILDREN=0`` opts out; nothing to pass when off)."""
-        from ._children import inherit
-
-        if self.config.enabled and self.config.children and not inherit(os.environ):
-            self._problem(
-                "the package lacks its bootstrap folder (_bootstrap/sitecustomize.py): child processes "
-                "started from here (mp.spawn, DataLoader workers) run without the overlay; reinstall torch_overlay"
-            )
+    def report_problem(self, message: str) -> None:
+        """Warn about something the overlay cannot do as configured (raise under strict)."""
+        self._problem(message)
 
     def _problem(self, message: str) -> None:
         self.problems.append(message)
@@ -192,48 +121,8 @@ class Overlay:
         _warn(text, stacklevel=5)
 
     def _build_components(self) -> None:
-        """Group the active patches by shared files. A patch keeps the variants written for the
-        installed torch whose files all exist in it; with none, it fails (or drifts, when no
-        variant is written for this torch)."""
-        active = [e for e in self._entries if e.state == PatchState.PENDING]
-        version = torch_version()
-        files: dict[str, Path | None] = {}
-        for entry in active:
-            fitting = fitting_variants(entry.patch, version)
-            if not fitting:
-                decision = decide(entry.patch, version, {})
-                self._set(entry, decision.state, decision.reason)
-                continue
-            for variant in fitting:
-                for diff in variant.files:
-                    if diff.path not in files:
-                        files[diff.path] = find_file(diff.path, diff.target.module)
-            present = [v for v in fitting if all(files[d.path] is not None for d in v.files)]
-            entry.targets = list(dict.fromkeys(d.target for v in present for d in v.files))
-            if not present:
-                missing = sorted({d.path for v in fitting for d in v.files if files[d.path] is None})
-                self._set(entry, PatchState.FAILED, f"{', '.join(missing)} not found in the installed torch")
-        active = [e for e in active if e.state == PatchState.PENDING]
-        # Union of entries that share a path.
-        groups: dict[str, list[_Entry]] = {}
-        for entry in active:
-            merged = [entry]
-            for target in entry.targets:
-                other = groups.get(target.path)
-                if other is not None and other is not merged:
-                    merged = [e for e in other if e not in merged] + merged
-            for e in merged:
-                for target in e.targets:
-                    groups[target.path] = merged
-        for group in {id(g): g for g in groups.values()}.values():
-            ordered = [e for e in self._entries if e in group]
-            targets = {t.path: t for e in ordered for t in e.targets}
-            component = _Component(ordered, {p: files[p] for p in targets}, targets)
-            for entry in ordered:
-                entry.component = component
-                waiting = [t.module for t in entry.targets]
-                entry.reason = "waiting for import of " + ", ".join(waiting)
-            for target in targets.values():
+        for component in group_components(self._entries, torch_version(), self._set):
+            for target in component.targets.values():
                 self._by_module[target.module] = component
 
     def _watch(self) -> None:
@@ -243,120 +132,25 @@ class Overlay:
             self._hook.on_import(name, self._on_imported)
 
     # ------------------------------------------------------------ decisions
-    def _decide(self, component: _Component, importing: str | None) -> None:
-        """Walk the component's patches over the files on disk; commit swaps for imported modules."""
-        from ._codeswap import CodeSwapError, plan_swap
-        from ._modcode import compile_module
-
-        texts = {path: file.read_text(encoding="utf-8") for path, file in component.files.items()}
-        imported = {
-            t.module for t in component.targets.values() if t.module in sys.modules and t.module != importing
-        }
-        version = torch_version()
-        excluded: dict[int, str] = {}
-        while True:
-            current = dict(texts)
-            plans: list[tuple[_Entry, list[SwapPlan]]] = []
-            modules = {
-                t.module: _ModulePlan(t, component.files[p], texts[p])
-                for p, t in component.targets.items()
-                if t.module not in imported
-            }
-            outcome: dict[int, tuple[PatchState, str, PatchFile | None, set[str]]] = {}
-            for entry in component.entries:
-                if entry.state != PatchState.PENDING:
-                    continue
-                if id(entry) in excluded:
-                    outcome[id(entry)] = (PatchState.FAILED, excluded[id(entry)], entry.variant, set())
-                    continue
-                decision = decide(entry.patch, version, current)
-                if decision.state != PatchState.APPLIED:
-                    outcome[id(entry)] = (decision.state, decision.reason, decision.variant, set())
-                    continue
-                new = {p: t for p, t in decision.texts.items() if t != current[p]}
-                # In the patch's own file order: a definition it adds comes before its use elsewhere.
-                late = [t.path for t in entry.targets if t.path in new and t.module in imported]
-                try:
-                    swaps = [
-                        plan_swap(
-                            sys.modules[component.targets[p].module],
-                            current[p],
-                            new[p],
-                            f"{component.files[p]}[torch_overlay:{entry.patch.id}]",
-                            self._cache,
-                        )
-                        for p in late
-                    ]
-                except CodeSwapError as exc:
-                    module = component.targets[late[0]].module
-                    reason = f"{LATE_IMPORT.format(module=module)}: {exc}"
-                    outcome[id(entry)] = (PatchState.FAILED, reason, decision.variant, set())
-                    continue
-                plans.append((entry, swaps))
-                current = decision.texts
-                for path, text in new.items():
-                    plan = modules.get(component.targets[path].module)
-                    if plan is not None:
-                        plan.steps.append((entry.patch.id, text))
-                        plan.entries.append(entry)
-                outcome[id(entry)] = (PatchState.APPLIED, decision.reason, decision.variant, set(new))
-            failure = self._compile_and_commit(component, modules, plans, compile_module)
-            if failure is None:
-                break
-            entry, reason = failure
-            excluded[id(entry)] = reason
-        component.decided = True
-        component.modules = {name: plan for name, plan in modules.items() if plan.steps}
-        component.texts = current
+    def _decide(self, component: Component, importing: str | None) -> None:
+        """Decide ``component`` (see :mod:`.decider`) and record each entry's outcome."""
+        outcomes, imported = decide_component(component, importing, torch_version(), self._cache)
         for entry in component.entries:
-            if id(entry) not in outcome:
+            outcome = outcomes.get(id(entry))
+            if outcome is None:
                 continue
-            state, reason, variant, paths = outcome[id(entry)]
-            entry.variant = variant
-            if state != PatchState.APPLIED:
-                self._set(entry, state, reason)
+            entry.variant = outcome.variant
+            if outcome.state != PatchState.APPLIED:
+                self._set(entry, outcome.state, outcome.reason)
                 continue
-            entry.changes = {component.targets[p].module for p in paths}
+            entry.changes = {component.targets[p].module for p in outcome.paths}
             entry.swapped = entry.changes & imported
-            entry.reason = reason
+            entry.reason = outcome.reason
             self._update(entry)
         if any(e.swapped for e in component.entries):
             self._after_change(sorted({m for e in component.entries for m in e.swapped}))
 
-    def _compile_and_commit(
-        self,
-        component: _Component,
-        modules: dict[str, _ModulePlan],
-        plans: list[tuple[_Entry, list[SwapPlan]]],
-        compile_module: Any,
-    ) -> tuple[_Entry, str] | None:
-        """Compile every planned module, then commit the swaps; the first failing entry, or None.
-
-        Compiling first means a patched source that does not compile fails its patch before any
-        module of the component runs patched code (all or nothing).
-        """
-        for name, plan in modules.items():
-            if not plan.steps:
-                continue
-            try:
-                plan.code = compile_module(self._cache, name, plan.file, plan.base, plan.steps)
-            except SyntaxError as exc:
-                return plan.entries[-1], f"the patched {plan.target.path} does not compile: {exc}"
-        committed: list[tuple[_Entry, SwapPlan]] = []
-        for entry, swaps in plans:
-            try:
-                for swap in swaps:
-                    swap.commit()
-                    committed.append((entry, swap))
-            except Exception as exc:  # noqa: BLE001 - a half-applied patch is worse than none
-                for _, swap in reversed(committed):
-                    swap.revert()
-                return entry, f"{type(exc).__name__} while swapping code: {exc}"
-        for entry, swap in committed:
-            entry.plans.append(swap)
-        return None
-
-    def _update(self, entry: _Entry) -> None:
+    def _update(self, entry: Entry) -> None:
         """APPLIED once every module the patch changes runs it; PENDING (decided) until then."""
         waiting = sorted(entry.changes - entry.swapped - entry.at_import)
         if waiting:
@@ -374,7 +168,7 @@ class Overlay:
         self._set(entry, PatchState.APPLIED, f"{name}: {', '.join(dict.fromkeys(changed)) or 'new definitions'}")
 
     @staticmethod
-    def _mode(entry: _Entry) -> str:
+    def _mode(entry: Entry) -> str:
         if entry.state != PatchState.APPLIED:
             return ""
         if entry.swapped and entry.at_import:
@@ -408,17 +202,17 @@ class Overlay:
             plan.code.register_source()
             return plan.code.code, plan.code.text
 
-    def _reload_plan(self, component: _Component, name: str) -> _ModulePlan | None:
+    def _reload_plan(self, component: Component, name: str) -> ModulePlan | None:
         """A module whose functions were swapped is executed again (``importlib.reload``): run the
         patched source, or the reload would silently drop the fix."""
-        from ._modcode import compile_module
+        from .modcode import compile_module
 
         entries = [e for e in component.entries if name in e.swapped]
         if not entries:
             return None
         path, target = next((p, t) for p, t in component.targets.items() if t.module == name)
         file = component.files[path]
-        plan = _ModulePlan(target, file, file.read_text(encoding="utf-8"), entries=entries)
+        plan = ModulePlan(target, file, file.read_text(encoding="utf-8"), entries=entries)
         plan.steps = [(e.patch.id, component.texts[path]) for e in entries[-1:]]
         plan.code = compile_module(self._cache, name, file, plan.base, plan.steps)
         component.modules[name] = plan
@@ -449,7 +243,7 @@ class Overlay:
                 self._set(entry, PatchState.FAILED, f"the patched module raised {type(exc).__name__}: {exc}")
             return not self.config.strict and not isinstance(exc, (KeyboardInterrupt, SystemExit))
 
-    def _raise_if_strict(self, entries: list[_Entry]) -> None:
+    def _raise_if_strict(self, entries: list[Entry]) -> None:
         if not self.config.strict:
             return
         for entry in entries:
@@ -470,44 +264,18 @@ class Overlay:
 
     # ---------------------------------------------------------------- revert
     def revert(self) -> list[str]:
-        """Undo what can be undone in this process; return what needs a new process, one line each.
-
-        Swapped code is restored. A module that executed its patched source at import keeps it
-        (its functions were never anything else); its component stays as it is, so that a
-        multi-file patch is never left half applied.
-        """
-        needs_restart: list[str] = []
+        """Undo what can be undone in this process; return what needs a new process, one line each."""
         with self._lock:
-            touched: list[str] = []
             components = {id(e.component): e.component for e in self._entries if e.component is not None}
-            for component in components.values():
-                if any(e.at_import for e in component.entries):
-                    for entry in component.entries:
-                        if entry.state in (PatchState.APPLIED, PatchState.PENDING) and entry.changes:
-                            needs_restart.append(
-                                f"{entry.patch.id}: applied at import of {', '.join(sorted(entry.changes))}; "
-                                f"start a new process with TORCH_OVERLAY_DISABLE={entry.patch.id} to run without it"
-                            )
-                    continue
-                component.reverted = True
-                for entry in reversed(component.entries):
-                    for plan in reversed(entry.plans):
-                        plan.revert()
-                        touched.append(plan.module.__name__)
-                    entry.plans, entry.swapped = [], set()
-                    if entry.state in (PatchState.APPLIED, PatchState.PENDING):
-                        entry.state, entry.reason = PatchState.DISABLED, "reverted by torch_overlay.revert()"
+            touched, needs_restart = revert_components(components.values())
             self._hook.watch({n for n, c in self._by_module.items() if not c.reverted})
-            if touched:
-                self._after_change(touched)
-            else:
-                self._after_change([])
+            self._after_change(touched)
         for line in needs_restart:
             log.info("torch_overlay.revert(): %s", line)
         return needs_restart
 
     # ---------------------------------------------------------------- report
-    def _set(self, entry: _Entry, state: PatchState, reason: str) -> None:
+    def _set(self, entry: Entry, state: PatchState, reason: str) -> None:
         entry.state, entry.reason = state, reason
         if state in (PatchState.DRIFT, PatchState.FAILED):
             if entry.warned:
@@ -562,49 +330,12 @@ class Overlay:
             return component.texts.get(path)
 
     # ------------------------------------------------------ is_patched & co
-    def _patched_codes(self) -> dict[int, tuple[types.CodeType, _Entry | None, str]]:
-        """id(code) -> (code, entry of a swap or None, module) for every code object a patch changed."""
-        out: dict[int, tuple[types.CodeType, _Entry | None, str]] = {}
-        for entry in self._entries:
-            for plan in entry.plans:
-                for _, _, new in plan.swaps:
-                    out[id(new)] = (new, entry, plan.module.__name__)
-        for component in {id(c): c for c in self._by_module.values()}.values():
-            for name, plan in component.modules.items():
-                if plan.code is not None and name in sys.modules:
-                    for code in plan.code.patched_codes():
-                        out[id(code)] = (code, None, name)
-        return out
-
     def is_patched(self, obj: object) -> bool:
         """Whether ``obj`` (a function, method or class) runs code a patch changed."""
         with self._lock:
-            codes = self._patched_codes()
-            if isinstance(obj, type):
-                component = self._by_module.get(obj.__module__)
-                plan = component.modules.get(obj.__module__) if component else None
-                if plan is not None and plan.code is not None:
-                    if any(obj.__qualname__ in names for names in plan.code.changed.values()):
-                        return True
-            return any(id(c) in codes for c in codes_of(obj))
+            return originals.is_patched(obj, self._entries, self._by_module)
 
     def get_original(self, obj: Any) -> Any:
         """The function as torch ships it: ``obj`` itself when no patch changed it."""
-        fn = getattr(obj, "__func__", obj)
-        code = getattr(fn, "__code__", None)
-        found = self._patched_codes().get(id(code)) if code is not None else None
-        if found is None:
-            return obj
-        _, entry, module = found
-        original: types.CodeType | None = None
-        if entry is not None:
-            original = next(old for plan in entry.plans for f, old, new in plan.swaps if new is code)
-        else:
-            component = self._by_module[module]
-            plan = component.modules[module]
-            unpatched = compile(plan.base, _installed_name(plan.file), "exec", dont_inherit=True)
-            original = find_code(unpatched, code.co_qualname)
-        if original is None or original.co_freevars != code.co_freevars:
-            raise ValueError(f"{code.co_qualname}: the patch added it; torch has no original")
-        return with_code(fn, original)
-
+        with self._lock:
+            return originals.get_original(obj, self._entries, self._by_module)

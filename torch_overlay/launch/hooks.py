@@ -10,6 +10,6 @@ __all__ = ["install"]
 def install() -> None:
     """Nothing yet beyond the import; ``TORCH_OVERLAY_CHECK_RANKS`` hooks process-group setup."""
     if os.environ.get("TORCH_OVERLAY_CHECK_RANKS", "").strip().lower() in ("1", "true", "yes", "on"):
-        from ._check_ranks_hook import install as install_check
+        from ..checks.ranks_hook import install as install_check
 
         install_check()

@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 
-from ._children import BOOTSTRAP, launch_env
+from .env import BOOTSTRAP, launch_env
 
 __all__ = ["launch_env", "main"]
 

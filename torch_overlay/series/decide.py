@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ._hunks import apply_file_diff, HunkMismatch
-from ._patchfile import PatchFile
-from ._series import Patch
-from ._state import PatchState
-from ._versions import parse_version, version_in
+from .hunks import apply_file_diff, HunkMismatch
+from .patchfile import PatchFile
+from .series import Patch
+from .._state import PatchState
+from .versions import parse_version, version_in
 
 __all__ = ["apply_variant", "decide", "decide_by_header", "Decision", "fitting_variants"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._patchfile import FileDiff
+from .patchfile import FileDiff
 
 __all__ = ["HunkMismatch", "apply_file_diff"]
 

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._state import Target
+from .._state import Target
 
 __all__ = ["FileDiff", "Hunk", "PatchFile", "PatchParseError", "parse_patch"]
 

@@ -1,4 +1,4 @@
-"""Walk the series over a tree's source texts with the runtime overlay's rule (``_decide``).
+"""Walk the series over a tree's source texts with the runtime overlay's rule (:mod:`.decide`).
 
 Patches apply on top of the earlier ones, as at run time.
 """
@@ -10,13 +10,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._decide import apply_variant, decide
-from .._patchfile import PatchFile
-from .._series import Patch, read_series, SeriesError
+from .decide import apply_variant, decide
+from .patchfile import PatchFile
+from .series import Patch, read_series, SeriesError
 from .._state import PatchState
-from . import BuildError
 
 __all__ = ["Plan", "PatchState", "Step", "apply_variant", "load_series", "plan_series", "series_hash"]
+
 
 @dataclass
 class Step:
@@ -51,14 +51,12 @@ class Plan:
 
 
 def load_series(patches_dir: Path) -> list[Patch]:
-    """The series, refusing a malformed or empty one (the build forms cannot skip a patch)."""
-    try:
-        patches = read_series(patches_dir)
-    except SeriesError as exc:
-        raise BuildError(str(exc)) from None
+    """The series, refusing a malformed or empty one with ``SeriesError`` (the build forms cannot
+    skip a patch, as the runtime overlay does)."""
+    patches = read_series(patches_dir)
     bad = [f"{p.id}: {p.error}" for p in patches if p.error]
     if bad:
-        raise BuildError("malformed patch in the series:\n  " + "\n  ".join(bad))
+        raise SeriesError("malformed patch in the series:\n  " + "\n  ".join(bad))
     return patches
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._patchfile import PatchFile, PatchParseError, parse_patch
-from ._state import Target
-from ._versions import version_in
+from .patchfile import PatchFile, PatchParseError, parse_patch
+from .._state import Target
+from .versions import version_in
 
 __all__ = ["Patch", "SeriesError", "read_series"]
 

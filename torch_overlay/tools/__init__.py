@@ -4,7 +4,7 @@
 - ``wheel``: rebuild a torch wheel with the series applied to its Python files.
 - ``stage``: one upstream-style commit per patch, with its test and PR body.
 
-Every verb decides a patch's state with the runtime overlay's rules (``_plan``), so a patched
+Every verb decides a patch's state with the runtime overlay's rules (:mod:`torch_overlay.series.plan`), so a patched
 checkout, a rebuilt wheel and ``import torch_overlay`` run the same source. ``import torch_overlay``
 does not import this package.
 """

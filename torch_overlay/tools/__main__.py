@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .._config import load_config
+from ..series.series import SeriesError
 from . import BuildError
 
 
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.verb} takes no arguments after --")
     patches = (args.patches or load_config().patches_dir).resolve()
     if args.verb == "matrix":
-        from .._series import read_series
+        from ..series.series import read_series
         from .matrix import run_matrix
 
         return run_matrix(args.reports, read_series(patches), args.out)
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         from .stage import run_stage
 
         return run_stage(args.src, patches, out_dir=args.out, branch=args.branch)
-    except BuildError as exc:
+    except (BuildError, SeriesError) as exc:
         sys.stdout.flush()
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._versions import support_note
+from ..series.versions import support_note
 from . import BuildError
 from ._paths import confined
 

@@ -7,7 +7,7 @@ import ast
 import re
 from collections.abc import Sequence
 
-from torch_overlay._versions import parse_version
+from torch_overlay.series.versions import parse_version
 
 from . import BuildError
 

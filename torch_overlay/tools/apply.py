@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from .._hunks import HunkMismatch
+from ..series.hunks import HunkMismatch
 from . import BuildError
 from ._checkout import Checkout, open_checkout
-from ._plan import PatchState, Plan, Step, apply_variant, load_series, plan_series
+from ..series.plan import PatchState, Plan, Step, apply_variant, load_series, plan_series
 
 __all__ = ["run_apply"]
 

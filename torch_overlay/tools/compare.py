@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from .._children import launch_env
+from ..launch.env import launch_env
 
 __all__ = ["Difference", "compare", "outcomes", "run_compare"]
 

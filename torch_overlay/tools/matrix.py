@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._series import Patch
-from .._versions import parse_version
+from ..series.series import Patch
+from ..series.versions import parse_version
 
 __all__ = ["Cell", "measure", "render", "run_matrix"]
 

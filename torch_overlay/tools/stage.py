@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from .._patchfile import PatchFile
-from .._verify import selected_classes
+from ..series.patchfile import PatchFile
+from ..cli.verify import selected_classes
 from . import BuildError
 from ._checkout import Checkout, open_checkout
-from ._plan import PatchState, Step, apply_variant, load_series, plan_series, series_hash
+from ..series.plan import PatchState, Step, apply_variant, load_series, plan_series, series_hash
 from ._testfile import fix_test, merge_test, reproducer_names
 
 __all__ = ["StagedPatch", "commit_message", "pr_body", "run_stage"]

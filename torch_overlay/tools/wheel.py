@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from .._versions import torch_root
+from ..series.versions import torch_root
 from . import BuildError
 from ._paths import confined
-from ._plan import PatchState, Plan, load_series, plan_series
+from ..series.plan import Plan, load_series, plan_series
 
 __all__ = ["find_torch_wheels", "overlay_version", "record_line", "run_wheel", "wheel_search_dirs"]
 

@@ -31,8 +31,8 @@ except Exception as exc:  # noqa: BLE001 - the job runs, unpatched, and says why
         f"({type(exc).__name__}: {exc}); this process runs WITHOUT the overlay's fixes\n"
     )
 else:
-    from torch_overlay import _launch_hooks
+    from torch_overlay.launch import hooks
 
-    _launch_hooks.install()
+    hooks.install()
 
 _chain_to_the_shadowed_sitecustomize()

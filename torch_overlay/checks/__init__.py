@@ -1,0 +1,1 @@
+"""Checks training code calls: replicas that diverged, ranks that run different fixes."""

@@ -1,0 +1,1 @@
+"""``python -m torch_overlay``: ``status``, ``verify`` and ``run``."""

@@ -1,0 +1,142 @@
+"""Decide a component: walk its patches over the files on disk, compile, commit late swaps.
+
+Modules not imported yet get a :class:`~.components.ModulePlan` (the patched source they will
+execute); modules already imported get their changed functions' code swapped. Everything is
+compiled before anything is committed, so a patch applies to all of its modules or to none.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .._state import PatchState
+from ..series.decide import decide
+from ..series.patchfile import PatchFile
+from .codecache import CodeCache
+from .components import Component, Entry, ModulePlan
+
+if TYPE_CHECKING:
+    from .codeswap import SwapPlan
+
+__all__ = ["decide_component", "LATE_IMPORT", "Outcome"]
+
+LATE_IMPORT = (
+    "{module} was imported before torch_overlay; import torch_overlay first or use the launcher "
+    "(python -m torch_overlay run -- ...)"
+)
+
+
+@dataclass
+class Outcome:
+    """What the decision gives one entry (APPLIED: the torch-relative paths its variant changes)."""
+
+    state: PatchState
+    reason: str
+    variant: PatchFile | None
+    paths: set[str] = field(default_factory=set)
+
+
+def decide_component(
+    component: Component, importing: str | None, version: str, cache: CodeCache
+) -> tuple[dict[int, Outcome], set[str]]:
+    """Each pending entry's outcome (by ``id``) and the component's modules already imported.
+
+    Sets ``component.modules`` (the plans of modules to come) and ``component.texts``; swaps
+    committed for imported modules are on each entry's ``plans``.
+    """
+    from .codeswap import CodeSwapError, plan_swap
+    from .modcode import compile_module
+
+    texts = {path: file.read_text(encoding="utf-8") for path, file in component.files.items()}
+    imported = {t.module for t in component.targets.values() if t.module in sys.modules and t.module != importing}
+    excluded: dict[int, str] = {}
+    while True:
+        current = dict(texts)
+        plans: list[tuple[Entry, list[SwapPlan]]] = []
+        modules = {
+            t.module: ModulePlan(t, component.files[p], texts[p])
+            for p, t in component.targets.items()
+            if t.module not in imported
+        }
+        outcomes: dict[int, Outcome] = {}
+        for entry in component.entries:
+            if entry.state != PatchState.PENDING:
+                continue
+            if id(entry) in excluded:
+                outcomes[id(entry)] = Outcome(PatchState.FAILED, excluded[id(entry)], entry.variant)
+                continue
+            decision = decide(entry.patch, version, current)
+            if decision.state != PatchState.APPLIED:
+                outcomes[id(entry)] = Outcome(decision.state, decision.reason, decision.variant)
+                continue
+            new = {p: t for p, t in decision.texts.items() if t != current[p]}
+            # In the patch's own file order: a definition it adds comes before its use elsewhere.
+            late = [t.path for t in entry.targets if t.path in new and t.module in imported]
+            try:
+                swaps = [
+                    plan_swap(
+                        sys.modules[component.targets[p].module],
+                        current[p],
+                        new[p],
+                        f"{component.files[p]}[torch_overlay:{entry.patch.id}]",
+                        cache,
+                    )
+                    for p in late
+                ]
+            except CodeSwapError as exc:
+                module = component.targets[late[0]].module
+                reason = f"{LATE_IMPORT.format(module=module)}: {exc}"
+                outcomes[id(entry)] = Outcome(PatchState.FAILED, reason, decision.variant)
+                continue
+            plans.append((entry, swaps))
+            current = decision.texts
+            for path, text in new.items():
+                plan = modules.get(component.targets[path].module)
+                if plan is not None:
+                    plan.steps.append((entry.patch.id, text))
+                    plan.entries.append(entry)
+            outcomes[id(entry)] = Outcome(PatchState.APPLIED, decision.reason, decision.variant, set(new))
+        failure = _compile_and_commit(modules, plans, cache, compile_module)
+        if failure is None:
+            break
+        entry, reason = failure
+        excluded[id(entry)] = reason
+    component.decided = True
+    component.modules = {name: plan for name, plan in modules.items() if plan.steps}
+    component.texts = current
+    return outcomes, imported
+
+
+def _compile_and_commit(
+    modules: dict[str, ModulePlan],
+    plans: list[tuple[Entry, list[SwapPlan]]],
+    cache: CodeCache,
+    compile_module: object,
+) -> tuple[Entry, str] | None:
+    """Compile every planned module, then commit the swaps; the first failing entry, or None.
+
+    Compiling first means a patched source that does not compile fails its patch before any
+    module of the component runs patched code (all or nothing).
+    """
+    for name, plan in modules.items():
+        if not plan.steps:
+            continue
+        try:
+            plan.code = compile_module(cache, name, plan.file, plan.base, plan.steps)  # type: ignore[operator]
+        except SyntaxError as exc:
+            return plan.entries[-1], f"the patched {plan.target.path} does not compile: {exc}"
+    committed: list[tuple[Entry, SwapPlan]] = []
+    for entry, swaps in plans:
+        try:
+            for swap in swaps:
+                swap.commit()
+                committed.append((entry, swap))
+        except Exception as exc:  # noqa: BLE001 - a half-applied patch is worse than none
+            for _, swap in reversed(committed):
+                swap.revert()
+            return entry, f"{type(exc).__name__} while swapping code: {exc}"
+    for entry, swap in committed:
+        entry.plans.append(swap)
+    return None
