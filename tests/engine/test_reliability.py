@@ -121,3 +121,27 @@ def test_a_warning_is_printed_once():
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("no-such-fix") == 1, proc.stderr
+
+
+def test_a_malformed_hunk_fails_its_patch_when_its_module_is_imported(sandbox, config, overlays):
+    name, path = sandbox.module(MODULE)
+    diff = make_diff(path, MODULE, PATCHED).replace("@@ -", "@@ -1,99 +1,99 @@\n@@ -", 1)  # counts that lie
+    sandbox.series(("0001-fix.patch", make_patch("fix", [diff])))
+    overlay = overlays(config())
+    overlay.activate()
+    assert _state(overlay, "fix").state == "pending"  # hunks are parsed when first needed
+    with pytest.warns(UserWarning, match="fix failed: malformed patch"):
+        mod = importlib.import_module(name)
+    assert mod.answer() == 41 and _state(overlay, "fix").state == "failed"
+
+
+def test_import_torch_overlay_parses_no_diff():
+    code = (
+        "import sys, torch_overlay\n"
+        "variants = [v for p in torch_overlay._overlay.patches() for v in p.variants]\n"
+        "print(len(variants), sum(v.parsed is not None for v in variants), 'torch' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    total, parsed, torch_imported = proc.stdout.split()
+    assert int(total) > 0 and (parsed, torch_imported) == ("0", "False"), proc.stderr

@@ -91,13 +91,13 @@ def group_components(
             settle(entry, decision.state, decision.reason)
             continue
         for variant in fitting:
-            for diff in variant.files:
-                if diff.path not in files:
-                    files[diff.path] = find_file(diff.path, diff.target.module)
-        present = [v for v in fitting if all(files[d.path] is not None for d in v.files)]
-        entry.targets = list(dict.fromkeys(d.target for v in present for d in v.files))
+            for path in variant.paths:
+                if path not in files:
+                    files[path] = find_file(path, Target.from_path(path).module)
+        present = [v for v in fitting if all(files[p] is not None for p in v.paths)]
+        entry.targets = list(dict.fromkeys(Target.from_path(p) for v in present for p in v.paths))
         if not present:
-            missing = sorted({d.path for v in fitting for d in v.files if files[d.path] is None})
+            missing = sorted({p for v in fitting for p in v.paths if files[p] is None})
             settle(entry, PatchState.FAILED, f"{', '.join(missing)} not found in the installed torch")
     active = [e for e in active if e.state == PatchState.PENDING]
     # Union of entries that share a path.

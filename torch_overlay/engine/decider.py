@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .._state import PatchState
 from ..series.decide import decide
-from ..series.patchfile import PatchFile
+from ..series.patchfile import PatchFile, PatchParseError
 from .codecache import CodeCache
 from .components import Component, Entry, ModulePlan
 
@@ -67,7 +67,11 @@ def decide_component(
             if id(entry) in excluded:
                 outcomes[id(entry)] = Outcome(PatchState.FAILED, excluded[id(entry)], entry.variant)
                 continue
-            decision = decide(entry.patch, version, current)
+            try:
+                decision = decide(entry.patch, version, current)
+            except PatchParseError as exc:  # its hunks are parsed only now
+                outcomes[id(entry)] = Outcome(PatchState.FAILED, f"malformed patch: {exc}", None)
+                continue
             if decision.state != PatchState.APPLIED:
                 outcomes[id(entry)] = Outcome(decision.state, decision.reason, decision.variant)
                 continue

@@ -75,7 +75,7 @@ class Overlay:
                 return
             self._activated = True
             try:
-                patches = read_series(self.config.patches_dir)
+                patches = read_series(self.config.patches_dir, lazy=True)
             except SeriesError as exc:
                 patches = []
                 self._problem(str(exc))

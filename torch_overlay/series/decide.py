@@ -71,7 +71,7 @@ def decide(patch: Patch, version: str, texts: dict[str, str]) -> Decision:
     forward: Decision | None = None
     missing: set[str] = set()
     for variant in variants:
-        absent = [d.path for d in variant.files if d.path not in texts]
+        absent = [p for p in variant.paths if p not in texts]
         if absent:
             missing.update(absent)
             continue

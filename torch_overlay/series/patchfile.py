@@ -11,6 +11,7 @@ from .._state import Target
 __all__ = ["FileDiff", "Hunk", "PatchFile", "PatchParseError", "parse_patch"]
 
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+_FILE_HEADER_RE = re.compile(r"^--- (.*)\n\+\+\+ (.*)$", re.M)
 _FIELD_RE = re.compile(r"^([A-Z][A-Za-z0-9-]*): ?(.*)$")
 # Fields the overlay understands inside the commit message (DEP-3 style).
 KNOWN_FIELDS = (
@@ -79,9 +80,18 @@ class PatchFile:
     subject: str
     fields: dict[str, str]
     description: str  # the upstream summary
-    files: tuple[FileDiff, ...]
+    parsed: tuple[FileDiff, ...] | None  # the diff; None until ``files`` is first read
     text: str = field(repr=False, default="")
     overlay_notes: str = ""  # after `Overlay-Notes:`: for this project only, never staged
+    paths: tuple[str, ...] = ()  # the files the diff changes, read from its headers alone
+    diff_start: int = 0  # index of the diff's first line in ``text.splitlines()``
+
+    @property
+    def files(self) -> tuple[FileDiff, ...]:
+        """The diff, parsed on first use; raises :class:`PatchParseError` if it is malformed."""
+        if self.parsed is None:
+            self.parsed = _parse_diff(self.path, self.text.splitlines(), self.diff_start)
+        return self.parsed
 
     @property
     def id(self) -> str:
@@ -103,8 +113,12 @@ def _strip_prefix(path: str, lineno: int, source: Path) -> str:
     return path
 
 
-def parse_patch(path: Path | str, text: str | None = None) -> PatchFile:
-    """Parse ``path``; raise :class:`PatchParseError` on anything malformed."""
+def parse_patch(path: Path | str, text: str | None = None, *, lazy: bool = False) -> PatchFile:
+    """Parse ``path``; raise :class:`PatchParseError` on anything malformed.
+
+    With ``lazy``, only the message and the diff's file headers are read now (what ``import
+    torch_overlay`` needs); the hunks are parsed, and checked, when ``files`` is first read.
+    """
     path = Path(path)
     if text is None:
         text = path.read_text(encoding="utf-8")
@@ -146,6 +160,29 @@ def parse_patch(path: Path | str, text: str | None = None) -> PatchFile:
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", fields["Overlay-Id"]):
         raise PatchParseError(path, i + 1, f"bad Overlay-Id {fields['Overlay-Id']!r}")
 
+    overlay_notes = "\n".join(notes).strip() if notes else ""
+    description_text = "\n".join(description).strip()
+    paths = _diff_paths(path, text)
+    if not paths:
+        raise PatchParseError(path, len(lines), "no diff in patch")
+    patch = PatchFile(path, subject, fields, description_text, None, text, overlay_notes, paths, i)
+    if not lazy:
+        patch.files  # noqa: B018 - parse and check the hunks now
+    return patch
+
+
+def _diff_paths(path: Path, text: str) -> tuple[str, ...]:
+    """The files a diff changes, from its ``---``/``+++`` header pairs (a file once, in order)."""
+    found: dict[str, None] = {}
+    for m in _FILE_HEADER_RE.finditer(text):
+        lineno = text.count("\n", 0, m.start()) + 1
+        _strip_prefix(m.group(1), lineno, path)
+        found.setdefault(_strip_prefix(m.group(2), lineno + 1, path), None)
+    return tuple(found)
+
+
+def _parse_diff(path: Path, lines: list[str], i: int) -> tuple[FileDiff, ...]:
+    """The file diffs and hunks from line index ``i`` on."""
     files: list[FileDiff] = []
     cur_path: str | None = None
     cur_hunks: list[Hunk] = []
@@ -204,5 +241,4 @@ def parse_patch(path: Path | str, text: str | None = None) -> PatchFile:
     flush()
     if not files:
         raise PatchParseError(path, len(lines), "no diff in patch")
-    overlay_notes = "\n".join(notes).strip() if notes else ""
-    return PatchFile(path, subject, fields, "\n".join(description).strip(), tuple(files), text, overlay_notes)
+    return tuple(files)

@@ -27,7 +27,7 @@ class Step:
 
     @property
     def paths(self) -> list[str]:
-        return [d.path for d in self.variant.files] if self.variant else []
+        return list(self.variant.paths) if self.variant else []
 
 
 @dataclass

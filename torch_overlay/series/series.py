@@ -31,11 +31,11 @@ class Patch:
     @property
     def targets(self) -> list[Target]:
         """Every file any variant touches, in first-seen order."""
-        seen: dict[Target, None] = {}
+        seen: dict[str, None] = {}
         for variant in self.variants:
-            for diff in variant.files:
-                seen.setdefault(diff.target, None)
-        return list(seen)
+            for path in variant.paths:
+                seen.setdefault(path, None)
+        return [Target.from_path(p) for p in seen]
 
     def ordered_variants(self, torch_version: str) -> list[PatchFile]:
         """Variants written for ``torch_version`` first, then general ones, then the rest."""
@@ -56,8 +56,10 @@ def _id_from_filename(name: str) -> str:
     return rest if head.isdigit() and rest else stem
 
 
-def read_series(patches_dir: Path) -> list[Patch]:
+def read_series(patches_dir: Path, *, lazy: bool = False) -> list[Patch]:
     """Parse the series; a malformed entry becomes a Patch with ``error`` set, others still load.
+
+    With ``lazy`` (the runtime overlay), each diff's hunks are parsed when first used.
 
     Raise :class:`SeriesError` when there is no series to read: a patch set that silently loads
     nothing would look like a torch that needs no fix.
@@ -76,7 +78,7 @@ def read_series(patches_dir: Path) -> list[Patch]:
         try:
             if not path.is_file():
                 raise PatchParseError(series, lineno, f"{name} is listed but does not exist")
-            parsed = parse_patch(path)
+            parsed = parse_patch(path, lazy=lazy)
         except (PatchParseError, UnicodeDecodeError) as exc:
             pid = _id_from_filename(name)
             patches.setdefault(pid, Patch(pid)).error = str(exc)
