@@ -20,7 +20,7 @@ from .components import Component, Entry, ModulePlan
 if TYPE_CHECKING:
     from .codeswap import SwapPlan
 
-__all__ = ["decide_component", "LATE_IMPORT", "Outcome"]
+__all__ = ["decide_component", "LATE_IMPORT", "Outcome", "replan_swapped_module"]
 
 LATE_IMPORT = (
     "{module} was imported before torch_overlay; import torch_overlay first or use the launcher "
@@ -144,3 +144,18 @@ def _compile_and_commit(
     for entry, swap in committed:
         entry.plans.append(swap)
     return None
+
+
+def replan_swapped_module(component: Component, name: str, cache: CodeCache) -> ModulePlan:
+    """The plan of a module whose functions were swapped and that is executed again
+    (``importlib.reload``): it runs the patched source, or the reload would silently drop the fix."""
+    from .modcode import compile_module
+
+    entries = [e for e in component.entries if name in e.swapped]
+    path, target = next((p, t) for p, t in component.targets.items() if t.module == name)
+    file = component.files[path]
+    plan = ModulePlan(target, file, file.read_text(encoding="utf-8"), entries=entries)
+    plan.steps = [(e.patch.id, component.texts[path]) for e in entries[-1:]]
+    plan.code = compile_module(cache, name, file, plan.base, plan.steps)
+    component.modules[name] = plan
+    return plan

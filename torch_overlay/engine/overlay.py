@@ -17,20 +17,22 @@ import threading
 import types
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from .._config import Config, load_config
 from .._state import Mode, OverlayError, OverlayWarning, PatchState, PatchStatus
 from ..series.decide import decide_by_header
 from ..series.series import Patch, read_series, SeriesError
 from ..series.versions import torch_version
-from . import originals
-from .codecache import CodeCache
-from .components import Component, Entry, group_components, ModulePlan
-from .decider import decide_component
+from .components import Component, Entry, group_components
 from .importhook import ImportHook
-from .invalidate import clear_dtensor_caches, CompileCacheSalt, touches_dtensor
-from .revert import revert_components
+
+if TYPE_CHECKING:
+    from .codecache import CodeCache
+    from .invalidate import CompileCacheSalt
+
+# Only what activation needs is imported with the package: `import torch_overlay` is on the path
+# of every job's `import torch`, and each module imported there costs (README, Benchmarks).
 
 __all__ = ["Overlay"]
 
@@ -60,12 +62,29 @@ class Overlay:
         self._entries: list[Entry] = []
         self._by_module: dict[str, Component] = {}
         self._hook = ImportHook(self._provide, self._fallback)
-        self._salt = CompileCacheSalt(self._hook)
-        folder = self.config.cache_dir / "code" if self.config.code_cache and self.config.cache_dir else None
-        self._cache = CodeCache(folder)
+        self._salt_writer: CompileCacheSalt | None = None
+        self._code_cache: CodeCache | None = None
         self._activated = False
         self._summary_logged = False
         self.problems: list[str] = []  # the series or a switch could not be read as given
+
+    @property
+    def _cache(self) -> CodeCache:
+        """The on-disk cache of patched code, made when a component is first decided."""
+        if self._code_cache is None:
+            from .codecache import CodeCache
+
+            config = self.config
+            self._code_cache = CodeCache(config.cache_dir / "code" if config.code_cache and config.cache_dir else None)
+        return self._code_cache
+
+    @property
+    def _salt(self) -> CompileCacheSalt:
+        if self._salt_writer is None:
+            from .invalidate import CompileCacheSalt
+
+            self._salt_writer = CompileCacheSalt(self._hook)
+        return self._salt_writer
 
     # ----------------------------------------------------------------- setup
     def activate(self) -> None:
@@ -78,14 +97,14 @@ class Overlay:
                 patches = read_series(self.config.patches_dir, lazy=True)
             except SeriesError as exc:
                 patches = []
-                self._problem(str(exc))
+                self.report_problem(str(exc))
             for problem in self.config.problems:
-                self._problem(problem)
+                self.report_problem(problem)
             self._entries = [Entry(p) for p in patches]
             known = {e.patch.id for e in self._entries}
             unknown = sorted(self.config.disabled_ids - known)
             if unknown and patches:
-                self._problem(
+                self.report_problem(
                     f"TORCH_OVERLAY_DISABLE names unknown patch id(s) {', '.join(unknown)}; "
                     f"known: {', '.join(sorted(known))}"
                 )
@@ -111,9 +130,6 @@ class Overlay:
 
     def report_problem(self, message: str) -> None:
         """Warn about something the overlay cannot do as configured (raise under strict)."""
-        self._problem(message)
-
-    def _problem(self, message: str) -> None:
         self.problems.append(message)
         text = f"torch_overlay: {message}"
         if self.config.strict:
@@ -134,6 +150,8 @@ class Overlay:
     # ------------------------------------------------------------ decisions
     def _decide(self, component: Component, importing: str | None) -> None:
         """Decide ``component`` (see :mod:`.decider`) and record each entry's outcome."""
+        from .decider import decide_component
+
         outcomes, imported = decide_component(component, importing, torch_version(), self._cache)
         for entry in component.entries:
             outcome = outcomes.get(id(entry))
@@ -186,7 +204,11 @@ class Overlay:
             if not component.decided:
                 self._decide(component, importing=name)
             self._raise_if_strict(component.entries)
-            plan = component.modules.get(name) or self._reload_plan(component, name)
+            plan = component.modules.get(name)
+            if plan is None and any(name in e.swapped for e in component.entries):
+                from .decider import replan_swapped_module
+
+                plan = replan_swapped_module(component, name, self._cache)
             if plan is None or plan.code is None:
                 return None
             origin = getattr(getattr(module, "__spec__", None), "origin", None)
@@ -201,22 +223,6 @@ class Overlay:
                 return None
             plan.code.register_source()
             return plan.code.code, plan.code.text
-
-    def _reload_plan(self, component: Component, name: str) -> ModulePlan | None:
-        """A module whose functions were swapped is executed again (``importlib.reload``): run the
-        patched source, or the reload would silently drop the fix."""
-        from .modcode import compile_module
-
-        entries = [e for e in component.entries if name in e.swapped]
-        if not entries:
-            return None
-        path, target = next((p, t) for p, t in component.targets.items() if t.module == name)
-        file = component.files[path]
-        plan = ModulePlan(target, file, file.read_text(encoding="utf-8"), entries=entries)
-        plan.steps = [(e.patch.id, component.texts[path]) for e in entries[-1:]]
-        plan.code = compile_module(self._cache, name, file, plan.base, plan.steps)
-        component.modules[name] = plan
-        return plan
 
     def _on_imported(self, name: str) -> None:
         """After a watched module executed: record which patches it now runs."""
@@ -252,6 +258,8 @@ class Overlay:
 
     def _after_change(self, modules: list[str]) -> None:
         try:
+            from .invalidate import clear_dtensor_caches, touches_dtensor
+
             if touches_dtensor(modules):
                 clear_dtensor_caches()
             live = [e for e in self._entries if e.live and e.variant is not None]
@@ -267,6 +275,8 @@ class Overlay:
         """Undo what can be undone in this process; return what needs a new process, one line each."""
         with self._lock:
             components = {id(e.component): e.component for e in self._entries if e.component is not None}
+            from .revert import revert_components
+
             touched, needs_restart = revert_components(components.values())
             self._hook.watch({n for n, c in self._by_module.items() if not c.reverted})
             self._after_change(touched)
@@ -333,9 +343,13 @@ class Overlay:
     def is_patched(self, obj: object) -> bool:
         """Whether ``obj`` (a function, method or class) runs code a patch changed."""
         with self._lock:
+            from . import originals
+
             return originals.is_patched(obj, self._entries, self._by_module)
 
     def get_original(self, obj: Any) -> Any:
         """The function as torch ships it: ``obj`` itself when no patch changed it."""
         with self._lock:
+            from . import originals
+
             return originals.get_original(obj, self._entries, self._by_module)

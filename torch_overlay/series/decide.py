@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .hunks import apply_file_diff, HunkMismatch
 from .patchfile import PatchFile
 from .series import Patch
 from .._state import PatchState
@@ -33,6 +32,8 @@ class Decision:
 
 def apply_variant(variant: PatchFile, texts: dict[str, str], reverse: bool = False) -> dict[str, str]:
     """``texts`` (path -> text) with every file of ``variant`` applied; raise ``HunkMismatch``."""
+    from .hunks import apply_file_diff  # here: `import torch_overlay` decides most patches without it
+
     out = dict(texts)
     for diff in variant.files:
         out[diff.path] = apply_file_diff(out[diff.path], diff, reverse)
@@ -68,6 +69,8 @@ def decide(patch: Patch, version: str, texts: dict[str, str]) -> Decision:
     if not variants:
         names = ", ".join(f"{v.path.name} ({v.fields['Torch-Versions']})" for v in patch.variants)
         return Decision(PatchState.DRIFT, f"no variant is written for torch {version}: {names}")
+    from .hunks import HunkMismatch
+
     forward: Decision | None = None
     missing: set[str] = set()
     for variant in variants:
