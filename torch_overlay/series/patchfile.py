@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .._state import Target
+if TYPE_CHECKING:
+    from .hunks import FileDiff
 
-__all__ = ["FileDiff", "Hunk", "PatchFile", "PatchParseError", "parse_patch"]
 
-_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+__all__ = ["diff_path", "PatchFile", "PatchParseError", "parse_patch"]
+
 _FILE_HEADER_RE = re.compile(r"^--- (.*)\n\+\+\+ (.*)$", re.M)
 _FIELD_RE = re.compile(r"^([A-Z][A-Za-z0-9-]*): ?(.*)$")
 # Fields the overlay understands inside the commit message (DEP-3 style).
@@ -46,34 +48,6 @@ class PatchParseError(ValueError):
         self.lineno = lineno
 
 
-@dataclass(frozen=True)
-class Hunk:
-    old_start: int
-    old_count: int
-    new_start: int
-    new_count: int
-    # (tag, text) with tag in " ", "-", "+"; text without its newline.
-    lines: tuple[tuple[str, str], ...]
-    lineno: int  # line of the "@@" header in the patch file
-
-    def side(self, reverse: bool = False) -> tuple[list[str], list[str]]:
-        """Return (lines to find, lines to put instead)."""
-        drop, add = ("+", "-") if reverse else ("-", "+")
-        before = [t for tag, t in self.lines if tag in (" ", drop)]
-        after = [t for tag, t in self.lines if tag in (" ", add)]
-        return before, after
-
-
-@dataclass(frozen=True)
-class FileDiff:
-    path: str  # repository-relative path, e.g. "torch/distributed/tensor/_api.py"
-    hunks: tuple[Hunk, ...]
-
-    @property
-    def target(self) -> Target:
-        return Target.from_path(self.path)
-
-
 @dataclass
 class PatchFile:
     path: Path
@@ -90,7 +64,9 @@ class PatchFile:
     def files(self) -> tuple[FileDiff, ...]:
         """The diff, parsed on first use; raises :class:`PatchParseError` if it is malformed."""
         if self.parsed is None:
-            self.parsed = _parse_diff(self.path, self.text.splitlines(), self.diff_start)
+            from .hunks import parse_diff  # here: `import torch_overlay` reads no hunk
+
+            self.parsed = parse_diff(self.path, self.text.splitlines(), self.diff_start)
         return self.parsed
 
     @property
@@ -102,7 +78,7 @@ class PatchFile:
         return re.sub(r"^\[PATCH[^\]]*\]\s*", "", self.subject)
 
 
-def _strip_prefix(path: str, lineno: int, source: Path) -> str:
+def diff_path(path: str, lineno: int, source: Path) -> str:
     path = path.split("\t")[0].strip()
     if path == "/dev/null":
         raise PatchParseError(source, lineno, "creating or deleting files is not supported")
@@ -176,69 +152,6 @@ def _diff_paths(path: Path, text: str) -> tuple[str, ...]:
     found: dict[str, None] = {}
     for m in _FILE_HEADER_RE.finditer(text):
         lineno = text.count("\n", 0, m.start()) + 1
-        _strip_prefix(m.group(1), lineno, path)
-        found.setdefault(_strip_prefix(m.group(2), lineno + 1, path), None)
+        diff_path(m.group(1), lineno, path)
+        found.setdefault(diff_path(m.group(2), lineno + 1, path), None)
     return tuple(found)
-
-
-def _parse_diff(path: Path, lines: list[str], i: int) -> tuple[FileDiff, ...]:
-    """The file diffs and hunks from line index ``i`` on."""
-    files: list[FileDiff] = []
-    cur_path: str | None = None
-    cur_hunks: list[Hunk] = []
-
-    def flush() -> None:
-        if cur_path is not None:
-            if not cur_hunks:
-                raise PatchParseError(path, i + 1, f"no hunks for {cur_path}")
-            files.append(FileDiff(cur_path, tuple(cur_hunks)))
-
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("--- "):
-            if i + 1 >= len(lines) or not lines[i + 1].startswith("+++ "):
-                raise PatchParseError(path, i + 2, "'---' line not followed by '+++'")
-            flush()
-            old = _strip_prefix(line[4:], i + 1, path)
-            new = _strip_prefix(lines[i + 1][4:], i + 2, path)
-            if old != new:
-                raise PatchParseError(path, i + 1, f"renames are not supported ({old} -> {new})")
-            cur_path, cur_hunks = new, []
-            i += 2
-            continue
-        m = _HUNK_RE.match(line)
-        if m:
-            if cur_path is None:
-                raise PatchParseError(path, i + 1, "hunk before any '---'/'+++' file header")
-            old_start, new_start = int(m.group(1)), int(m.group(3))
-            old_count = int(m.group(2)) if m.group(2) is not None else 1
-            new_count = int(m.group(4)) if m.group(4) is not None else 1
-            header_line = i + 1
-            body: list[tuple[str, str]] = []
-            seen_old = seen_new = 0
-            i += 1
-            while seen_old < old_count or seen_new < new_count:
-                if i >= len(lines):
-                    raise PatchParseError(path, header_line, "hunk ends before its line counts are met")
-                raw = lines[i]
-                tag, content = (raw[:1] or " "), raw[1:]
-                if raw.startswith("\\"):
-                    i += 1
-                    continue
-                if tag not in (" ", "-", "+"):
-                    raise PatchParseError(
-                        path, i + 1, f"unexpected line in hunk (counts say {old_count}/{new_count}): {raw!r}"
-                    )
-                seen_old += tag in (" ", "-")
-                seen_new += tag in (" ", "+")
-                if seen_old > old_count or seen_new > new_count:
-                    raise PatchParseError(path, header_line, "hunk has more lines than its header says")
-                body.append((tag, content))
-                i += 1
-            cur_hunks.append(Hunk(old_start, old_count, new_start, new_count, tuple(body), header_line))
-            continue
-        i += 1
-    flush()
-    if not files:
-        raise PatchParseError(path, len(lines), "no diff in patch")
-    return tuple(files)
