@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -162,9 +163,14 @@ def wheel_213(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr
     (wheel,) = (tmp / "dist").iterdir()
     venv = tmp / "venv"
-    # System site-packages give torch's dependencies and pytest; the venv's own torch comes first.
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     python = venv / "bin" / "python"
+    # The running interpreter's packages (torch's dependencies, pytest, expecttest, hypothesis),
+    # after the venv's own: the rebuilt torch comes first.
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    (Path(purelib) / "parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     subprocess.run(
         [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", wheel],
         check=True,

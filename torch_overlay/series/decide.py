@@ -4,7 +4,8 @@ The header decides first, without reading a file: a torch older than ``Introduce
 the bug (``not needed``); a released torch at or past ``Applied-Upstream`` has the fix
 (``upstream``). Otherwise, for each variant written for this torch (``Torch-Versions``; a variant
 without it fits any): if its reverse diff applies, the tree already has it (``upstream``); otherwise
-the first variant whose forward diff applies is used (``applied``). Failing both: ``drift``.
+the first variant whose forward diff applies is used (``applied``). Failing both, a pre-release at
+or past ``Applied-Upstream`` has the fix by another change (``upstream``); anything else: ``drift``.
 """
 
 from __future__ import annotations
@@ -65,12 +66,9 @@ def decide(patch: Patch, version: str, texts: dict[str, str]) -> Decision:
     by_header = decide_by_header(patch, version)
     if by_header is not None:
         return by_header
-    variants = fitting_variants(patch, version)
-    if not variants:
-        names = ", ".join(f"{v.path.name} ({v.fields['Torch-Versions']})" for v in patch.variants)
-        return Decision(PatchState.DRIFT, f"no variant is written for torch {version}: {names}")
     from .hunks import HunkMismatch
 
+    variants = fitting_variants(patch, version)
     forward: Decision | None = None
     missing: set[str] = set()
     for variant in variants:
@@ -90,6 +88,13 @@ def decide(patch: Patch, version: str, texts: dict[str, str]) -> Decision:
                 pass
     if forward is not None:
         return forward
+    # A pre-release past Applied-Upstream whose files fit no variant has the fix by another change.
+    fixed_in = patch.main.fields.get("Applied-Upstream", "") if patch.main else ""
+    if fixed_in and parse_version(version) >= parse_version(fixed_in):
+        return Decision(PatchState.UPSTREAM, f"fixed upstream in torch {fixed_in} (by a different change); not needed")
+    if not variants:
+        names = ", ".join(f"{v.path.name} ({v.fields.get('Torch-Versions', '')})" for v in patch.variants)
+        return Decision(PatchState.DRIFT, f"no variant is written for torch {version}: {names}")
     names = ", ".join(v.path.name for v in variants)
     why = f"{', '.join(sorted(missing))} missing" if missing else "torch changed around the fix"
     return Decision(PatchState.DRIFT, f"no variant fits torch {version} ({names}): {why}")
