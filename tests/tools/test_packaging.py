@@ -91,7 +91,7 @@ def test_the_wheel_ships_every_module_and_the_bootstrap(installed):
     ours = {p.relative_to(REPO / "torch_overlay") for p in (REPO / "torch_overlay").rglob("*.py")}
     shipped = {p.relative_to(site_pkg) for p in site_pkg.rglob("*.py")}
     assert ours - shipped == set()
-    assert (site_pkg / "_bootstrap" / "sitecustomize.py").is_file()
+    assert (site_pkg / "launch" / "_bootstrap" / "sitecustomize.py").is_file()
 
 
 def test_the_installed_launcher_gives_every_rank_of_a_gloo_job_its_fixes(installed, tmp_path):
@@ -135,3 +135,11 @@ def test_the_launcher_refuses_to_start_without_its_bootstrap(installed, tmp_path
     )
     assert proc.returncode == 2
     assert "sitecustomize.py is missing" in proc.stderr, proc.stderr
+
+
+def test_the_installed_verify_says_once_that_it_runs_from_a_checkout(installed, tmp_path):
+    venv, env = installed
+    proc = subprocess.run([venv / "bin" / "torch-overlay", "verify"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("verify runs from a source checkout") == 1, proc.stderr
+    assert "no reproducer test found" not in proc.stdout + proc.stderr
