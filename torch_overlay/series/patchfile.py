@@ -151,7 +151,11 @@ def _diff_paths(path: Path, text: str) -> tuple[str, ...]:
     """The files a diff changes, from its ``---``/``+++`` header pairs (a file once, in order)."""
     found: dict[str, None] = {}
     for m in _FILE_HEADER_RE.finditer(text):
-        lineno = text.count("\n", 0, m.start()) + 1
-        diff_path(m.group(1), lineno, path)
-        found.setdefault(diff_path(m.group(2), lineno + 1, path), None)
+        try:
+            diff_path(m.group(1), 0, path)
+            found.setdefault(diff_path(m.group(2), 0, path), None)
+        except PatchParseError:  # say where: count the lines only now
+            lineno = text.count("\n", 0, m.start()) + 1
+            diff_path(m.group(1), lineno, path)
+            diff_path(m.group(2), lineno + 1, path)
     return tuple(found)
