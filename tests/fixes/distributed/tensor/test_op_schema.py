@@ -238,6 +238,9 @@ class TestDtensorOpschemaKeyGuard(FakeProcessGroupTestCase):
         ys = [distribute_tensor(torch.randn(8, 8), self.mesh, [Shard(0)]) for _ in range(3)]
         torch._foreach_add(xs, ys)
         xs[0] + ys[0]
+        misses = propagator.propagate_op_sharding.cache_info().misses
+        # Ops the native cache misses are propagated through the Python cache,
+        # or uncached; neither may run again for the same inputs.
         with mock.patch.object(
             propagator,
             "propagate_op_sharding_non_cached",
@@ -246,6 +249,7 @@ class TestDtensorOpschemaKeyGuard(FakeProcessGroupTestCase):
             torch._foreach_add(xs, ys)
             xs[0] + ys[0]
         self.assertEqual(non_cached.call_count, 0)
+        self.assertEqual(propagator.propagate_op_sharding.cache_info().misses, misses)
 
 
 instantiate_parametrized_tests(TestDtensorOpschemaKeyLeak)
