@@ -55,3 +55,30 @@ def test_round_trip_property(old_lines, new_lines, pad):
     prefix = "pad\n" * pad
     assert apply_file_diff(prefix + old, diff) == prefix + new
     assert apply_file_diff(prefix + new, diff, reverse=True) == prefix + old
+
+
+def _find_by_scan(lines, block, expected, lo):
+    """The search as a plain scan: the block's positions at or after ``lo``, nearest to ``expected``."""
+    hi = len(lines) - len(block)
+    if not block:
+        return min(max(expected, lo), len(lines))
+    if hi < lo:
+        return None
+    expected = min(max(expected, lo), hi)
+    found = [p for p in range(lo, hi + 1) if lines[p : p + len(block)] == block]
+    return min(found, key=lambda p: (abs(p - expected), p)) if found else None
+
+
+@given(
+    st.lists(st.sampled_from(["a", "b", "", "ab", "a b"]), max_size=30),
+    st.lists(st.sampled_from(["a", "b", "", "ab"]), max_size=3),
+    st.integers(0, 35),
+    st.integers(0, 35),
+)
+def test_find_is_the_nearest_match_at_line_boundaries(lines, block, expected, lo):
+    from torch_overlay.series.hunks import _find
+
+    text = "\n".join(lines)
+    if text.split("\n") != lines:
+        return  # [] and [""] are the same text
+    assert _find(text, lines, block, expected, lo) == _find_by_scan(lines, block, expected, lo)

@@ -52,8 +52,13 @@ class HunkMismatch(Exception):
         self.index = index
 
 
-def _find(lines: list[str], block: list[str], expected: int, lo: int) -> int | None:
-    """Index of ``block`` in ``lines`` at or after ``lo``, nearest to ``expected``."""
+def _find(text: str, lines: list[str], block: list[str], expected: int, lo: int) -> int | None:
+    """Index of ``block`` in ``lines`` (``text`` split at newlines) at or after ``lo``, nearest to
+    ``expected`` (the lower one on a tie).
+
+    The block is searched in ``text`` with ``str.find`` (torch's files are thousands of lines, and
+    a reverse-apply check that fails scans all of them).
+    """
     n, m = len(lines), len(block)
     if m == 0:
         return min(max(expected, lo), n)
@@ -61,20 +66,26 @@ def _find(lines: list[str], block: list[str], expected: int, lo: int) -> int | N
     if hi < lo:
         return None
     expected = min(max(expected, lo), hi)
-    first = block[0]
-    for delta in range(0, max(expected - lo, hi - expected) + 1):
-        for pos in (expected - delta, expected + delta) if delta else (expected,):
-            if lo <= pos <= hi and lines[pos] == first and lines[pos : pos + m] == block:
-                return pos
-    return None
+    needle = "\n".join(block)
+    best: int | None = None
+    at = text.find(needle)
+    while at != -1:
+        end = at + len(needle)
+        if (at == 0 or text[at - 1] == "\n") and (end == len(text) or text[end] == "\n"):
+            pos = text.count("\n", 0, at)
+            if lo <= pos <= hi and (best is None or abs(pos - expected) < abs(best - expected)):
+                best = pos
+            if pos > expected:  # later matches are farther away
+                break
+        at = text.find(needle, at + 1)
+    return best
 
 
 def apply_file_diff(text: str, diff: FileDiff, reverse: bool = False) -> str:
     """Return ``text`` with ``diff`` applied (or un-applied); raise :class:`HunkMismatch`."""
     ends_with_newline = text.endswith("\n")
-    lines = text.split("\n")
-    if ends_with_newline:
-        lines.pop()
+    body = text[:-1] if ends_with_newline else text
+    lines = body.split("\n")
     out: list[str] = []
     pos = 0
     offset = 0
@@ -82,7 +93,7 @@ def apply_file_diff(text: str, diff: FileDiff, reverse: bool = False) -> str:
         before, after = hunk.side(reverse)
         start = hunk.new_start if reverse else hunk.old_start
         expected = (start - 1 if before else start) + offset
-        found = _find(lines, before, expected, pos)
+        found = _find(body, lines, before, expected, pos)
         if found is None:
             raise HunkMismatch(diff.path, index, hunk.lineno)
         offset = found - (start - 1 if before else start)
