@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torch_overlay import _checksums
+from torch_overlay.checks import checksums as _checksums
 from torch_overlay.checks.checksums import _pieces, Checksums, EXACT, FLOAT, NONFINITE
 
 

@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 
-# Values of the status column of a checksum row (see ``_checksums``).
+# Values of the status column of a checksum row (see ``checksums``).
 _ABSENT = 0  # the grad is None
 _PRESENT = 1  # compared
 _NOT_REPLICATED = 2  # the grad is Shard/Partial on this mesh dim: nothing to compare
