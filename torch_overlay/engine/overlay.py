@@ -24,15 +24,14 @@ from .._state import Mode, OverlayError, OverlayWarning, PatchState, PatchStatus
 from ..series.decide import decide_by_header
 from ..series.series import Patch, read_series, SeriesError
 from ..series.versions import torch_version
+# Only what activation needs is imported here: `import torch_overlay` is on the path of every
+# job's `import torch` (README, Benchmarks); the rest is imported where it is first used.
 from .components import Component, Entry, group_components
 from .importhook import ImportHook
 
 if TYPE_CHECKING:
     from .codecache import CodeCache
     from .invalidate import CompileCacheSalt
-
-# Only what activation needs is imported with the package: `import torch_overlay` is on the path
-# of every job's `import torch`, and each module imported there costs (README, Benchmarks).
 
 __all__ = ["Overlay"]
 
