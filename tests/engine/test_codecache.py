@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from torch_overlay.engine.codecache import CodeCache, FORMAT
+from torch_overlay.engine.codecache import checksum, CodeCache, FORMAT
 
 from ._fixtures import make_diff, make_patch
 from .test_apply import _state, MODULE, overlays, PATCHED  # noqa: F401  (overlays is a fixture)
@@ -30,12 +30,11 @@ def _entry(folder):
 
 def _poison(folder):
     """Replace the entry's payload by other code, with digests that verify (as an attacker could)."""
-    import hashlib
 
     entry = _entry(folder)
     payload = marshal.dumps(compile("VALUE = 666", "m.py", "exec"))
     key_digest = entry.read_bytes()[len(FORMAT) : len(FORMAT) + 32]
-    entry.write_bytes(FORMAT + key_digest + hashlib.sha256(payload).digest() + payload)
+    entry.write_bytes(FORMAT + key_digest + checksum(payload) + payload)
     return entry
 
 
@@ -90,10 +89,8 @@ def test_a_damaged_entry_is_deleted_and_rebuilt(tmp_path, damage):
     elif damage == "truncated":
         data = data[: len(data) // 2]
     elif damage == "wrong-shape":
-        import hashlib
-
         payload = marshal.dumps(None)
-        data = bytearray(data[: len(FORMAT) + 32] + hashlib.sha256(payload).digest() + payload)
+        data = bytearray(data[: len(FORMAT) + 32] + checksum(payload) + payload)
     else:
         data[len(FORMAT)] ^= 0x01
     entry.write_bytes(bytes(data))

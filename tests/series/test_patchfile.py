@@ -1,3 +1,5 @@
+import hypothesis
+import hypothesis.strategies as st
 import pytest
 
 from torch_overlay.series.patchfile import parse_patch, PatchParseError
@@ -67,3 +69,55 @@ def test_series_keeps_going_after_a_malformed_patch(tmp_path):
         "0002-good-fix.patch",
     ]
     assert "does not exist" in patches[2].error
+
+
+def _by_lines(text):
+    """The message parsed line by line, as a reader of the format would: the reference."""
+    from torch_overlay.series.patchfile import KNOWN_FIELDS, NOTES_MARK
+
+    lines = text.splitlines()
+    i, subject = 0, ""
+    while i < len(lines) and lines[i]:
+        if lines[i].startswith("Subject:"):
+            subject = lines[i][len("Subject:") :].strip()
+            while i + 1 < len(lines) and lines[i + 1][:1] in (" ", "\t") and lines[i + 1].strip():
+                i += 1
+                subject += " " + lines[i].strip()
+        i += 1
+    fields, description, notes = {}, [], None
+    while i < len(lines) and lines[i] != "---" and not lines[i].startswith("diff --git "):
+        name, sep, value = lines[i].partition(":")
+        if notes is not None:
+            notes.append(lines[i])
+        elif lines[i].startswith(NOTES_MARK):
+            notes = [lines[i][len(NOTES_MARK) :].strip()]
+        elif sep and name in KNOWN_FIELDS:
+            fields[name] = value.removeprefix(" ").strip()
+        else:
+            description.append(lines[i])
+        i += 1
+    return subject, fields, "\n".join(description).strip(), "\n".join(notes).strip() if notes else "", i
+
+
+_MESSAGE_LINES = st.one_of(
+    st.sampled_from(["Bug: https://x/1", "Affects: 2.11", "Test-Select: a b", "Test: t.py", "Introduced:2.12"]),
+    st.sampled_from(["Not-A-Field: x", "Bugs: no", " Bug: indented", "", "text", "--- not the end", "Overlay-Notes: n"]),
+    st.text(alphabet="ab :-\t", max_size=12),
+)
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(
+    subject=st.lists(st.text(alphabet="ab [].", min_size=1, max_size=8), min_size=1, max_size=3),
+    message=st.lists(_MESSAGE_LINES, max_size=12),
+    separator=st.booleans(),
+)
+def test_the_message_parses_as_a_line_by_line_reader_reads_it(tmp_path_factory, subject, message, separator):
+    head = f"From 0 Mon Sep 17 00:00:00 2001\nSubject: {subject[0]}\n" + "".join(f" {s}\n" for s in subject[1:])
+    body = "".join(f"{line}\n" for line in ["Overlay-Id: some-fix", *message])
+    text = head + "\n" + body + ("---\n" if separator else "") + make_diff("torch/a.py", OLD, NEW)
+    expected = _by_lines(text)
+    hypothesis.assume(expected[0] and expected[1].get("Overlay-Id") == "some-fix")
+    patch = parse_patch(tmp_path_factory.mktemp("p") / "x.patch", text, lazy=True)
+    assert (patch.subject, patch.fields, patch.description, patch.overlay_notes, patch.diff_start) == expected
+    assert patch.paths == ("torch/a.py",)

@@ -2,7 +2,9 @@
 
 Loading an entry executes it inside torch, so an entry is read only from a folder that this user
 owns and nobody else can write to, and only if it verifies: each file carries a digest of the key
-it was written for and of its payload. Anything else is ignored (a folder) or deleted and rebuilt
+it was written for and a checksum of its payload (a CRC, not a digest: nobody else can write in the
+folder, and hashing a module's code and text with sha256 cost more than the rest of a recalled
+decision during ``import torch``). Anything else is ignored (a folder) or deleted and rebuilt
 (an entry); a cache that cannot be used only costs compile time.
 """
 
@@ -23,8 +25,16 @@ __all__ = ["CodeCache"]
 T = TypeVar("T")
 
 # Part of every key and of the file header: bump it when what callers store changes shape.
-FORMAT = b"torch_overlay code cache 3\n"
-_DIGEST = 32  # sha256
+FORMAT = b"torch_overlay code cache 5\n"
+_DIGEST = 32  # sha256 of the key
+_CHECKSUM = 4  # crc32 of the payload
+
+
+def checksum(payload: bytes) -> bytes:
+    """What an entry stores to verify its payload."""
+    import zlib
+
+    return zlib.crc32(payload).to_bytes(_CHECKSUM, "big")
 
 
 def _safe_stat(st: os.stat_result) -> bool:
@@ -79,19 +89,31 @@ class CodeCache:
 
     def load_or_build(self, key: str, build: Callable[[], T], check: Callable[[Any], bool]) -> T:
         """The cached value for ``key`` if it verifies and passes ``check``, else ``build()`` (stored)."""
+        found = self.load(key, check)
+        if found is not None:
+            return found[0]
+        value = build()
+        self.store(key, value)
+        return value
+
+    def load(self, key: str, check: Callable[[Any], bool]) -> tuple[Any] | None:
+        """``(value,)`` stored for ``key`` if it verifies and passes ``check``; None otherwise."""
         if not self._ready():
-            return build()
-        assert self.folder is not None
+            return None
+        path, key_digest = self._entry(key)
+        return self._read(path, key_digest, check)
+
+    def store(self, key: str, value: object) -> None:
+        """Keep ``value`` (marshal-able) for ``key``; a cache that cannot be written is skipped."""
+        if self._ready():
+            self._write(*self._entry(key), value)
+
+    def _entry(self, key: str) -> tuple[Path, bytes]:
         import hashlib  # here, not at import: `import torch_overlay` stays light
 
+        assert self.folder is not None
         key_digest = hashlib.sha256(FORMAT + key.encode()).digest()
-        path = self.folder / f"{key_digest.hex()[:40]}.marshal"
-        value = self._read(path, key_digest, check)
-        if value is not None:
-            return value[0]
-        value = build()
-        self._write(path, key_digest, value)
-        return value
+        return self.folder / f"{key_digest.hex()[:40]}.marshal", key_digest
 
     def _read(self, path: Path, key_digest: bytes, check: Callable[[Any], bool]) -> tuple[Any] | None:
         try:
@@ -106,15 +128,13 @@ class CodeCache:
                 data = f.read()
         except OSError:
             return None
-        import hashlib
-
         head = len(FORMAT)
-        payload = data[head + 2 * _DIGEST :]
+        payload = memoryview(data)[head + _DIGEST + _CHECKSUM :]
         try:
             if (
                 data[:head] != FORMAT
                 or data[head : head + _DIGEST] != key_digest
-                or data[head + _DIGEST : head + 2 * _DIGEST] != hashlib.sha256(payload).digest()
+                or data[head + _DIGEST : head + _DIGEST + _CHECKSUM] != checksum(payload)
             ):
                 raise ValueError("digest mismatch")
             value = marshal.loads(payload)
@@ -130,7 +150,6 @@ class CodeCache:
             payload = marshal.dumps(value)
         except ValueError:
             return
-        import hashlib
         import tempfile
 
         tmp = None
@@ -138,7 +157,7 @@ class CodeCache:
             # mkstemp: O_EXCL in our own folder, so a planted name is never followed or overwritten.
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=path.stem, suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
-                f.write(FORMAT + key_digest + hashlib.sha256(payload).digest() + payload)
+                f.write(FORMAT + key_digest + checksum(payload) + payload)
             os.replace(tmp, path)
             tmp = None
         except OSError:

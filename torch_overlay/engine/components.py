@@ -52,14 +52,19 @@ class ModulePlan:
 
     target: Target
     file: Path
-    base: str  # the file's text when the component was decided
+    signature: tuple[int, int, int]  # the file's (size, mtime, inode) when the component was decided
     steps: list[tuple[str, str]] = field(default_factory=list)  # (patch id, text after it)
     entries: list[Entry] = field(default_factory=list)
     code: ModuleCode | None = None
+    code_key: str = ""  # a recalled decision: the code cache entry loaded when the module is imported
+    known_base: str | None = None  # the file's text, when the decision read it
 
     @property
-    def text(self) -> str:
-        return self.steps[-1][1] if self.steps else self.base
+    def base(self) -> str:
+        """The file's text when the component was decided (read now for a recalled decision)."""
+        if self.known_base is None:
+            self.known_base = self.file.read_text(encoding="utf-8")
+        return self.known_base
 
 
 @dataclass(eq=False)
@@ -71,6 +76,7 @@ class Component:
     modules: dict[str, ModulePlan] = field(default_factory=dict)  # module name -> plan
     texts: dict[str, str] = field(default_factory=dict)  # path -> text its module runs (swapped or planned)
     reverted: bool = False
+    remembered: bool = False  # recalled from the decision cache: ``texts`` and plans' code come on demand
 
 
 def group_components(

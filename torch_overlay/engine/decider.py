@@ -8,7 +8,9 @@ compiled before anything is committed, so a patch applies to all of its modules 
 from __future__ import annotations
 
 import sys
+import types
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._state import PatchState
@@ -16,11 +18,12 @@ from ..series.decide import decide
 from ..series.patchfile import PatchFile, PatchParseError
 from .codecache import CodeCache
 from .components import Component, Entry, ModulePlan
+from .decision_cache import decision_key, file_signature, recall, remember
 
 if TYPE_CHECKING:
     from .codeswap import SwapPlan
 
-__all__ = ["decide_component", "LATE_IMPORT", "Outcome", "replan_swapped_module"]
+__all__ = ["decide_component", "LATE_IMPORT", "Outcome", "plan_for_import", "texts_of"]
 
 LATE_IMPORT = (
     "{module} was imported before torch_overlay; import torch_overlay first or use the launcher "
@@ -46,17 +49,25 @@ def decide_component(
     Sets ``component.modules`` (the plans of modules to come) and ``component.texts``; swaps
     committed for imported modules are on each entry's ``plans``.
     """
+    imported = {t.module for t in component.targets.values() if t.module in sys.modules and t.module != importing}
+    key = None
+    if not imported:  # nothing to swap: the decision may be recalled, or kept for the next process
+        key = decision_key(component, version)
+        recalled = recall(key, component, cache)
+        if recalled is not None:
+            component.decided = True
+            return recalled, imported
     from .codeswap import CodeSwapError, plan_swap
     from .modcode import compile_module
 
+    signatures = {path: file_signature(file) for path, file in component.files.items()}
     texts = {path: file.read_text(encoding="utf-8") for path, file in component.files.items()}
-    imported = {t.module for t in component.targets.values() if t.module in sys.modules and t.module != importing}
     excluded: dict[int, str] = {}
     while True:
         current = dict(texts)
         plans: list[tuple[Entry, list[SwapPlan]]] = []
         modules = {
-            t.module: ModulePlan(t, component.files[p], texts[p])
+            t.module: ModulePlan(t, component.files[p], signatures[p], known_base=texts[p])
             for p, t in component.targets.items()
             if t.module not in imported
         }
@@ -110,6 +121,8 @@ def decide_component(
     component.decided = True
     component.modules = {name: plan for name, plan in modules.items() if plan.steps}
     component.texts = current
+    if key is not None and not excluded and decision_key(component, version) == key:
+        remember(key, component, outcomes, cache)  # the files did not change while it was decided
     return outcomes, imported
 
 
@@ -154,8 +167,70 @@ def replan_swapped_module(component: Component, name: str, cache: CodeCache) -> 
     entries = [e for e in component.entries if name in e.swapped]
     path, target = next((p, t) for p, t in component.targets.items() if t.module == name)
     file = component.files[path]
-    plan = ModulePlan(target, file, file.read_text(encoding="utf-8"), entries=entries)
+    plan = ModulePlan(target, file, file_signature(file), entries=entries)
     plan.steps = [(e.patch.id, component.texts[path]) for e in entries[-1:]]
     plan.code = compile_module(cache, name, file, plan.base, plan.steps)
     component.modules[name] = plan
     return plan
+
+
+def _walk(component: Component, path: str, base: str) -> list[tuple[str, str]]:
+    """(patch id, text after it) for each applied patch of ``component`` that changes ``path``."""
+    from ..series.hunks import apply_file_diff
+
+    module = component.targets[path].module
+    text, steps = base, []
+    for entry in component.entries:
+        if entry.variant is None or module not in entry.changes:
+            continue
+        for diff in entry.variant.files:
+            if diff.path == path:
+                text = apply_file_diff(text, diff)
+        steps.append((entry.patch.id, text))
+    return steps
+
+
+def plan_for_import(component: Component, module: types.ModuleType, cache: CodeCache) -> tuple[ModulePlan | None, bool]:
+    """The plan ``module`` (being imported, its component decided) runs, and whether it is ready.
+
+    None: the module runs its own code. Not ready: its file changed on disk since the decision.
+    """
+    name = module.__name__
+    plan = component.modules.get(name)
+    if plan is None and any(name in e.swapped for e in component.entries):
+        plan = replan_swapped_module(component, name, cache)
+    if plan is None or (plan.code is None and not plan.code_key):
+        return None, False
+    origin = getattr(getattr(module, "__spec__", None), "origin", None)
+    try:
+        if origin is None or file_signature(Path(origin)) != plan.signature:
+            return plan, False
+        if plan.code is None:
+            _load_plan_code(component, plan, cache)
+    except Exception:  # noqa: BLE001 - the file changed under a recalled decision
+        return plan, False
+    return plan, True
+
+
+def _load_plan_code(component: Component, plan: ModulePlan, cache: CodeCache) -> None:
+    """Give a recalled plan its code: from the code cache, or built again from the files.
+
+    The decision was recalled for files with the plan's signature, so the patches apply as they did;
+    raises (``HunkMismatch``, ``SyntaxError``, ``OSError``) only if the files changed since.
+    """
+    from .modcode import compile_module, load_module_code
+
+    plan.code = load_module_code(cache, plan.code_key, plan.file)
+    if plan.code is None:
+        plan.steps = _walk(component, plan.target.path, plan.base)
+        plan.code = compile_module(cache, plan.target.module, plan.file, plan.base, plan.steps)
+
+
+def texts_of(component: Component) -> dict[str, str]:
+    """Path -> the text its module runs or will run (for a recalled decision, worked out now)."""
+    if component.remembered and not component.texts:
+        for path, file in component.files.items():
+            base = file.read_text(encoding="utf-8")
+            steps = _walk(component, path, base)
+            component.texts[path] = steps[-1][1] if steps else base
+    return component.texts

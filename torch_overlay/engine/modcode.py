@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .codecache import CodeCache
 
-__all__ = ["ModuleCode", "compile_module", "MODULE_LEVEL", "TAG"]
+__all__ = ["ModuleCode", "compile_module", "load_module_code", "MODULE_LEVEL", "TAG"]
 
 MODULE_LEVEL = "<module>"
 
@@ -24,6 +24,7 @@ class ModuleCode:
     changed: dict[str, list[str]]  # patch id -> qualnames its hunks touch (MODULE_LEVEL outside defs)
     filename: str
     text: str
+    key: str = ""  # its entry in the code cache
 
     def register_source(self) -> None:
         """Tracebacks, ``inspect.getsource`` and debuggers read the patched text.
@@ -89,7 +90,7 @@ def _changed_qualnames(before: str, after: str, tree: ast.Module) -> list[str]:
     return [q for q in out if not any(q.startswith(f"{p}.<locals>.") for p in out)]
 
 
-def _build(module_name: str, filename: str, base: str, steps: list[tuple[str, str]]) -> tuple[types.CodeType, dict]:
+def _build(module_name: str, filename: str, base: str, steps: list[tuple[str, str]]) -> tuple[types.CodeType, dict, str]:
     changed: dict[str, list[str]] = {}
     before = base
     tree = None
@@ -100,16 +101,17 @@ def _build(module_name: str, filename: str, base: str, steps: list[tuple[str, st
         ]
         before = text
     assert tree is not None
-    return compile(tree, filename, "exec", dont_inherit=True), changed
+    return compile(tree, filename, "exec", dont_inherit=True), changed, steps[-1][1]
 
 
 def _is_module_code(value: object) -> bool:
     return (
         isinstance(value, tuple)
-        and len(value) == 2
+        and len(value) == 3
         and isinstance(value[0], types.CodeType)
         and isinstance(value[1], dict)
         and all(isinstance(k, str) and isinstance(v, list) for k, v in value[1].items())
+        and isinstance(value[2], str)
     )
 
 
@@ -128,5 +130,14 @@ def compile_module(
         return hashlib.sha256(text.encode()).hexdigest()
 
     key = "\0".join(("module", sys.version, module_name, filename, digest(base), *(f"{p}:{digest(t)}" for p, t in steps)))
-    code, changed = cache.load_or_build(key, lambda: _build(module_name, filename, base, steps), _is_module_code)
-    return ModuleCode(code, changed, filename, steps[-1][1])
+    code, changed, text = cache.load_or_build(key, lambda: _build(module_name, filename, base, steps), _is_module_code)
+    return ModuleCode(code, changed, filename, text, key)
+
+
+def load_module_code(cache: CodeCache, key: str, file: Path) -> ModuleCode | None:
+    """The code :func:`compile_module` stored under ``key``, or None when the cache lacks it."""
+    found = cache.load(key, _is_module_code)
+    if found is None:
+        return None
+    code, changed, text = found[0]
+    return ModuleCode(code, changed, f"{file}{TAG}", text, key)

@@ -16,7 +16,6 @@ import sys
 import threading
 import types
 import warnings
-from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from .._config import Config, load_config
@@ -203,23 +202,17 @@ class Overlay:
             if not component.decided:
                 self._decide(component, importing=name)
             self._raise_if_strict(component.entries)
-            plan = component.modules.get(name)
-            if plan is None and any(name in e.swapped for e in component.entries):
-                from .decider import replan_swapped_module
+            from .decider import plan_for_import
 
-                plan = replan_swapped_module(component, name, self._cache)
-            if plan is None or plan.code is None:
+            plan, ready = plan_for_import(component, module, self._cache)
+            if plan is None:
                 return None
-            origin = getattr(getattr(module, "__spec__", None), "origin", None)
-            try:
-                same = origin is not None and Path(origin).read_text(encoding="utf-8") == plan.base
-            except OSError:
-                same = False
-            if not same:
+            if not ready:
                 for entry in plan.entries:
                     self._set(entry, PatchState.FAILED, f"{plan.target.path} changed on disk since the patch was decided")
                 self._raise_if_strict(plan.entries)
                 return None
+            assert plan.code is not None
             plan.code.register_source()
             return plan.code.code, plan.code.text
 
@@ -335,8 +328,10 @@ class Overlay:
             component = self._by_module.get(module)
             if component is None or not component.decided:
                 return None
+            from .decider import texts_of
+
             path = next(p for p, t in component.targets.items() if t.module == module)
-            return component.texts.get(path)
+            return texts_of(component).get(path)
 
     # ------------------------------------------------------ is_patched & co
     def is_patched(self, obj: object) -> bool:

@@ -13,8 +13,6 @@ if TYPE_CHECKING:
 
 __all__ = ["diff_path", "PatchFile", "PatchParseError", "parse_patch"]
 
-_FILE_HEADER_RE = re.compile(r"^--- (.*)\n\+\+\+ (.*)$", re.M)
-_FIELD_RE = re.compile(r"^([A-Z][A-Za-z0-9-]*): ?(.*)$")
 # Fields the overlay understands inside the commit message (DEP-3 style).
 KNOWN_FIELDS = (
     "Overlay-Id",
@@ -37,6 +35,9 @@ KNOWN_FIELDS = (
 
 
 NOTES_MARK = "Overlay-Notes:"
+
+_SUBJECT_RE = re.compile(r"^Subject:(.*(?:\n[ \t].*\S.*)*)", re.M)
+_KNOWN = frozenset(KNOWN_FIELDS)
 
 
 class PatchParseError(ValueError):
@@ -98,64 +99,86 @@ def parse_patch(path: Path | str, text: str | None = None, *, lazy: bool = False
     path = Path(path)
     if text is None:
         text = path.read_text(encoding="utf-8")
-    lines = text.splitlines()
+    # Found with searches over the text, not a loop over its lines: `import torch_overlay` parses
+    # every patch of the series (README, Benchmarks).
 
     # Mail header: up to the first blank line.
-    subject = ""
-    i = 0
-    while i < len(lines) and lines[i].strip():
-        if lines[i].startswith("Subject:"):
-            subject = lines[i][len("Subject:") :].strip()
-            # RFC 822 continuation lines
-            while i + 1 < len(lines) and lines[i + 1][:1] in (" ", "\t") and lines[i + 1].strip():
-                i += 1
-                subject += " " + lines[i].strip()
-        i += 1
+    blank = _find_line(text, "", 0)
+    subject_match = _SUBJECT_RE.search(text, 0, blank)
+    subject = " ".join(part.strip() for part in subject_match.group(1).split("\n")) if subject_match else ""
     if not subject:
         raise PatchParseError(path, 1, "no 'Subject:' line in the mail header")
 
     # Message body: DEP-3 fields and free text, up to the diffstat separator or first diff.
     # From an `Overlay-Notes:` line on, the text is about this project (variants, tests, the
     # runtime overlay) and stays out of the upstream PR.
+    body_start = min(blank + 1, len(text))
+    body_end = min(_find_line(text, "---", body_start), _find_line(text, "diff --git ", body_start, prefix=True))
+    i = text.count("\n", 0, body_end)  # the line index where the body ends
+    notes_at = _find_line(text, NOTES_MARK, body_start, body_end, prefix=True)
+    message = text[body_start : min(notes_at, body_end)]
     fields: dict[str, str] = {}
     description: list[str] = []
-    notes: list[str] | None = None
-    while i < len(lines) and lines[i] != "---" and not lines[i].startswith("diff --git "):
-        m = _FIELD_RE.match(lines[i])
-        if notes is not None:
-            notes.append(lines[i])
-        elif lines[i].startswith(NOTES_MARK):
-            notes = [lines[i][len(NOTES_MARK) :].strip()]
-        elif m and m.group(1) in KNOWN_FIELDS:
-            fields[m.group(1)] = m.group(2).strip()
+    for line in message.splitlines():
+        name, colon, value = line.partition(":")
+        if colon and name in _KNOWN:
+            fields[name] = value.removeprefix(" ").strip()  # the last one wins
         else:
-            description.append(lines[i])
-        i += 1
+            description.append(line)
     if "Overlay-Id" not in fields:
         raise PatchParseError(path, i + 1, "no 'Overlay-Id:' field in the message")
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", fields["Overlay-Id"]):
         raise PatchParseError(path, i + 1, f"bad Overlay-Id {fields['Overlay-Id']!r}")
 
+    notes: list[str] | None = None
+    if notes_at < body_end:
+        first, _, rest = text[notes_at + len(NOTES_MARK) : body_end].partition("\n")
+        notes = [first.strip(), *rest.splitlines()]
     overlay_notes = "\n".join(notes).strip() if notes else ""
     description_text = "\n".join(description).strip()
     paths = _diff_paths(path, text)
     if not paths:
-        raise PatchParseError(path, len(lines), "no diff in patch")
+        raise PatchParseError(path, len(text.splitlines()), "no diff in patch")
     patch = PatchFile(path, subject, fields, description_text, None, text, overlay_notes, paths, i)
     if not lazy:
         patch.files  # noqa: B018 - parse and check the hunks now
     return patch
 
 
+def _find_line(text: str, line: str, start: int, end: int | None = None, *, prefix: bool = False) -> int:
+    """Offset of the first line starting at or after ``start`` (a line start) and before ``end``
+    that is ``line`` (with ``prefix``: that starts with it); ``end`` (default: the text's length)
+    when there is none."""
+    stop = len(text) if end is None else end
+    head = line if prefix else f"{line}\n"
+    candidates = []
+    if text.startswith(head, start):
+        candidates.append(start)
+    found = text.find(f"\n{head}", start)
+    if found >= 0:
+        candidates.append(found + 1)
+    if not prefix and text.endswith(f"\n{line}") and len(text) - len(line) >= start:
+        candidates.append(len(text) - len(line))  # the last line, without a newline
+    first = min(candidates, default=stop)
+    return first if first < stop else stop
+
+
 def _diff_paths(path: Path, text: str) -> tuple[str, ...]:
     """The files a diff changes, from its ``---``/``+++`` header pairs (a file once, in order)."""
     found: dict[str, None] = {}
-    for m in _FILE_HEADER_RE.finditer(text):
-        try:
-            diff_path(m.group(1), 0, path)
-            found.setdefault(diff_path(m.group(2), 0, path), None)
-        except PatchParseError:  # say where: count the lines only now
-            lineno = text.count("\n", 0, m.start()) + 1
-            diff_path(m.group(1), lineno, path)
-            diff_path(m.group(2), lineno + 1, path)
+    pos = text.find("\n--- ")
+    while pos >= 0:
+        start = pos + 1
+        second = text.find("\n", start)
+        if second >= 0 and text.startswith("+++ ", second + 1):
+            third = text.find("\n", second + 1)
+            old, new = text[start + 4 : second], text[second + 5 : third if third >= 0 else len(text)]
+            try:
+                diff_path(old, 0, path)
+                found.setdefault(diff_path(new, 0, path), None)
+            except PatchParseError:  # say where: count the lines only now
+                lineno = text.count("\n", 0, start) + 1
+                diff_path(old, lineno, path)
+                diff_path(new, lineno + 1, path)
+        pos = text.find("\n--- ", start)
     return tuple(found)
