@@ -23,6 +23,7 @@ class PatchState(enum.StrEnum):
     NOT_NEEDED = "not needed"  # the bug came later than this release (before `Introduced`)
     DISABLED = "disabled"  # switched off (or reverted)
     PENDING = "pending"  # waiting for its modules to be imported
+    SOURCE_ONLY = "source only"  # the fix is in compiled sources (C++): a source build carries it
     FAILED = "failed"  # anything unexpected; the reason says what
 
 
@@ -39,10 +40,12 @@ class Target:
     """A file a patch changes: its path in torch's tree and the module it defines."""
 
     path: str  # "torch/distributed/tensor/_api.py"
-    module: str  # "torch.distributed.tensor._api"
+    module: str  # "torch.distributed.tensor._api" ("" for a compiled source: "torch/csrc/...cpp")
 
     @classmethod
     def from_path(cls, path: str) -> Target:
+        if not path.endswith(".py"):
+            return cls(path, "")
         parts = path.removesuffix(".py").split("/")
         if parts[-1] == "__init__":
             parts.pop()

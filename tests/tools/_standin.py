@@ -2,7 +2,8 @@
 
 No PyTorch checkout is available offline, so a stand-in is a git repository holding the installed
 torch's ``torch/**/*.py`` laid out as upstream, plus ``version.txt`` (``2.13.0a0``). One is built per
-installed torch: the running one and each venv under ``~/.cache/torch_overlay/venvs``.
+installed torch: the running one and each venv under ``~/.cache/torch_overlay/venvs``. A wheel has no
+C++ sources: each one the series changes is rebuilt from its hunks (:func:`compiled_sources`).
 """
 
 from __future__ import annotations
@@ -96,11 +97,34 @@ def make_standin(torch: InstalledTorch, dest: Path) -> Path:
         target = dest / "torch" / file.relative_to(src)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(file, target)
+    for path, text in compiled_sources(torch.release).items():
+        (dest / path).parent.mkdir(parents=True, exist_ok=True)
+        (dest / path).write_text(text)
     (dest / "version.txt").write_text(f"{torch.release}a0\n")
     git(dest, "init", "-q", "-b", "main")
     git(dest, "add", "-A")
     git(dest, *IDENTITY, "commit", "-q", "-m", f"stand-in for PyTorch {torch.release}")
     return dest
+
+
+def compiled_sources(release: str, patches: Path = PATCHES) -> dict[str, str]:
+    """The C++ files the series' variants for ``release`` change, as far as their hunks show them:
+    each hunk's old side at the line it names, blank lines elsewhere."""
+    from torch_overlay.series.decide import fitting_variants
+    from torch_overlay.series.series import read_series
+
+    out: dict[str, str] = {}
+    for patch in read_series(patches):
+        for variant in fitting_variants(patch, release) if not patch.error else []:
+            for diff in variant.files:
+                if diff.path.endswith(".py") or diff.path in out:
+                    continue
+                lines: list[str] = []
+                for hunk in diff.hunks:
+                    lines += [""] * (hunk.old_start - 1 - len(lines))
+                    lines += hunk.side()[0]
+                out[diff.path] = "\n".join(lines) + "\n"
+    return out
 
 
 def reset(src: Path) -> Path:

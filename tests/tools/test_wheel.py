@@ -119,7 +119,10 @@ def test_rebuild_from_installed_files_matches_apply(release, checkout, build_cli
     src = checkout(release)
     apply_rc, _, _ = build_cli("apply", src, "--patches", PATCHES)
     plan = plan_series(
-        load_series(PATCHES), dist_version, lambda p: (site / p).read_text() if (site / p).is_file() else None
+        load_series(PATCHES),
+        dist_version,
+        lambda p: (site / p).read_text() if (site / p).is_file() else None,
+        python_only=True,  # a wheel has no C++ sources
     )
     if plan.drifted:
         assert proc.returncode == 1 and "drift" in proc.stderr and not (tmp_path / "dist").exists()

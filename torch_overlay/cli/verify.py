@@ -135,7 +135,7 @@ def needed_ids(patches: list[Patch]) -> set[str]:
         file = root / path
         return file.read_text(encoding="utf-8") if file.is_file() else None
 
-    plan = plan_series([p for p in patches if not p.error], torch_version(), read)
+    plan = plan_series([p for p in patches if not p.error], torch_version(), read, python_only=True)
     return {step.patch.id for step in plan.steps if step.state == PatchState.APPLIED}
 
 

@@ -91,19 +91,19 @@ def group_components(
     active = [e for e in entries if e.state == PatchState.PENDING]
     files: dict[str, Path | None] = {}
     for entry in active:
-        fitting = fitting_variants(entry.patch, version)
-        if not fitting:
-            decision = decide(entry.patch, version, {})
+        fitting = [v for v in fitting_variants(entry.patch, version) if v.python_paths]
+        if not fitting:  # none written for this torch, or only C++ hunks: settled without a file
+            decision = decide(entry.patch, version, {}, python_only=True)
             settle(entry, decision.state, decision.reason)
             continue
         for variant in fitting:
-            for path in variant.paths:
+            for path in variant.python_paths:
                 if path not in files:
                     files[path] = find_file(path, Target.from_path(path).module)
-        present = [v for v in fitting if all(files[p] is not None for p in v.paths)]
-        entry.targets = list(dict.fromkeys(Target.from_path(p) for v in present for p in v.paths))
+        present = [v for v in fitting if all(files[p] is not None for p in v.python_paths)]
+        entry.targets = list(dict.fromkeys(Target.from_path(p) for v in present for p in v.python_paths))
         if not present:
-            missing = sorted({p for v in fitting for p in v.paths if files[p] is None})
+            missing = sorted({p for v in fitting for p in v.python_paths if files[p] is None})
             settle(entry, PatchState.FAILED, f"{', '.join(missing)} not found in the installed torch")
     active = [e for e in active if e.state == PatchState.PENDING]
     # Union of entries that share a path.

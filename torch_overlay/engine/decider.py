@@ -79,7 +79,7 @@ def decide_component(
                 outcomes[id(entry)] = Outcome(PatchState.FAILED, excluded[id(entry)], entry.variant)
                 continue
             try:
-                decision = decide(entry.patch, version, current)
+                decision = decide(entry.patch, version, current, python_only=True)
             except PatchParseError as exc:  # its hunks are parsed only now
                 outcomes[id(entry)] = Outcome(PatchState.FAILED, f"malformed patch: {exc}", None)
                 continue

@@ -6,6 +6,11 @@ the bug (``not needed``); a released torch at or past ``Applied-Upstream`` has t
 without it fits any): if its reverse diff applies, the tree already has it (``upstream``); otherwise
 the first variant whose forward diff applies is used (``applied``). Failing both, a pre-release at
 or past ``Applied-Upstream`` has the fix by another change (``upstream``); anything else: ``drift``.
+
+A variant may change C++ sources (``torch/csrc/...``) as well as Python files. A source checkout
+takes every hunk. The runtime overlay and a rebuilt wheel (``python_only``) only have the Python
+files: they decide on those, and a patch whose fitting variants change no Python file is
+``source only``, which says that a source build carries it.
 """
 
 from __future__ import annotations
@@ -31,13 +36,17 @@ class Decision:
     texts: dict[str, str] = field(default_factory=dict)  # APPLIED: path -> patched text
 
 
-def apply_variant(variant: PatchFile, texts: dict[str, str], reverse: bool = False) -> dict[str, str]:
-    """``texts`` (path -> text) with every file of ``variant`` applied; raise ``HunkMismatch``."""
+def apply_variant(
+    variant: PatchFile, texts: dict[str, str], reverse: bool = False, *, python_only: bool = False
+) -> dict[str, str]:
+    """``texts`` (path -> text) with every file of ``variant`` applied (with ``python_only``, its
+    Python files); raise ``HunkMismatch``."""
     from .hunks import apply_file_diff  # here: `import torch_overlay` decides most patches without it
 
     out = dict(texts)
     for diff in variant.files:
-        out[diff.path] = apply_file_diff(out[diff.path], diff, reverse)
+        if not python_only or diff.path.endswith(".py"):
+            out[diff.path] = apply_file_diff(out[diff.path], diff, reverse)
     return out
 
 
@@ -61,29 +70,40 @@ def fitting_variants(patch: Patch, version: str) -> list[PatchFile]:
     return [v for v in patch.ordered_variants(version) if version_in(version, v.fields.get("Torch-Versions", ""))]
 
 
-def decide(patch: Patch, version: str, texts: dict[str, str]) -> Decision:
-    """What ``patch`` does to ``texts`` (path -> current text) on torch ``version``."""
+def decide(patch: Patch, version: str, texts: dict[str, str], *, python_only: bool = False) -> Decision:
+    """What ``patch`` does to ``texts`` (path -> current text) on torch ``version``; with
+    ``python_only``, what it does to the Python files (an installed torch: the runtime, a wheel)."""
     by_header = decide_by_header(patch, version)
     if by_header is not None:
         return by_header
     from .hunks import HunkMismatch
 
     variants = fitting_variants(patch, version)
+    if python_only and variants and not any(v.python_paths for v in variants):
+        compiled = ", ".join(dict.fromkeys(p for v in variants for p in v.paths))
+        return Decision(
+            PatchState.SOURCE_ONLY,
+            f"the fix is in compiled sources ({compiled}): a source build carries it (./build.sh apply PYTORCH_SRC)",
+        )
     forward: Decision | None = None
     missing: set[str] = set()
     for variant in variants:
-        absent = [p for p in variant.paths if p not in texts]
-        if absent:
+        paths = variant.python_paths if python_only else variant.paths
+        absent = [p for p in paths if p not in texts]
+        if absent or not paths:
             missing.update(absent)
             continue
         try:
-            apply_variant(variant, texts, reverse=True)
+            apply_variant(variant, texts, reverse=True, python_only=python_only)
             return Decision(PatchState.UPSTREAM, f"torch {version} already has this change ({variant.path.name} reverse-applies)", variant)
         except HunkMismatch:
             pass
         if forward is None:
             try:
-                forward = Decision(PatchState.APPLIED, variant.path.name, variant, apply_variant(variant, texts))
+                name = variant.path.name
+                if python_only and len(paths) < len(variant.paths):
+                    name += " (its C++ hunks need a source build)"
+                forward = Decision(PatchState.APPLIED, name, variant, apply_variant(variant, texts, python_only=python_only))
             except HunkMismatch:
                 pass
     if forward is not None:

@@ -71,6 +71,12 @@ class PatchFile:
         return self.parsed
 
     @property
+    def python_paths(self) -> tuple[str, ...]:
+        """The Python files among ``paths``: what the runtime overlay and a rebuilt wheel can change
+        (the others, C++ sources, only a source build carries)."""
+        return tuple(p for p in self.paths if p.endswith(".py"))
+
+    @property
     def id(self) -> str:
         return self.fields["Overlay-Id"]
 

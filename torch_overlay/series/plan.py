@@ -69,24 +69,27 @@ def series_hash(patches: Iterable[Patch]) -> str:
     return digest.hexdigest()[:10]
 
 
-def _decide(patch: Patch, version: str, texts: dict[str, str]) -> Step:
-    decision = decide(patch, version, texts)
+def _decide(patch: Patch, version: str, texts: dict[str, str], python_only: bool) -> Step:
+    decision = decide(patch, version, texts, python_only=python_only)
     return Step(patch, decision.state, decision.reason, decision.variant)
 
 
-def plan_series(patches: list[Patch], version: str, read: Callable[[str], str | None]) -> Plan:
-    """Walk the series over the texts ``read(path)`` returns (None: no such file)."""
+def plan_series(
+    patches: list[Patch], version: str, read: Callable[[str], str | None], *, python_only: bool = False
+) -> Plan:
+    """Walk the series over the texts ``read(path)`` returns (None: no such file); with
+    ``python_only`` (an installed torch), over its Python files alone."""
     before: dict[str, str] = {}
     for patch in patches:
         for path in (t.path for t in patch.targets):
-            text = read(path)
+            text = read(path) if path.endswith(".py") or not python_only else None
             if text is not None:
                 before[path] = text
     texts = dict(before)
     steps = []
     for patch in patches:
-        step = _decide(patch, version, texts)
+        step = _decide(patch, version, texts, python_only)
         if step.state == PatchState.APPLIED:
-            texts = apply_variant(step.variant, texts)
+            texts = apply_variant(step.variant, texts, python_only=python_only)
         steps.append(step)
     return Plan(version, steps, before, texts)

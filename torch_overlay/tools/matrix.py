@@ -23,6 +23,7 @@ UPSTREAM = "upstream"
 PASSES = "passes without"  # applied, but the reproducer passes without the overlay
 NOT_FIXED = "NOT FIXED"
 NOT_RUN = "could not run"
+SOURCE_ONLY = "source only"  # a C++ fix: only a source build carries it, the runtime cannot test it
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,9 @@ def measure(status: dict, verify: dict) -> dict[str, Cell]:
     cells: dict[str, Cell] = {}
     for row in status["patches"]:
         pid, state = row["id"], row["state"]
-        if state in ("upstream", "not needed"):
-            cells[pid] = Cell(UPSTREAM if state == "upstream" else NOT_NEEDED, row["reason"])
+        if state in ("upstream", "not needed", "source only"):
+            word = {"upstream": UPSTREAM, "not needed": NOT_NEEDED}.get(state, SOURCE_ONLY)
+            cells[pid] = Cell(word, row["reason"])
             continue
         verdict = verdicts.get(pid)
         if state != "applied" or verdict is None:

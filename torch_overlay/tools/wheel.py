@@ -250,7 +250,7 @@ def run_wheel(wheel: Path | None, out_dir: Path, patches_dir: Path, *, out: Text
     out = out or sys.stdout
     patches = load_series(patches_dir)
     with _open_source(wheel, out) as source:
-        plan = plan_series(patches, source.version, source.text)
+        plan = plan_series(patches, source.version, source.text, python_only=True)
         out.write(
             f"wheel: {len(patches)} patch(es) from {patches_dir} on torch {source.version} ({source.description})\n"
         )
