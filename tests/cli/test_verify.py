@@ -178,3 +178,6 @@ def test_a_child_process_failure_is_summed_up_by_its_error_not_a_frame():
     )
     assert _first_line(message) == "AssertionError: Tensor-likes are not close!"
     assert _first_line("wrapper raised:\nthe reason") == "the reason"
+    # The wrapper's own line is an error line too (torch's MultiProcessTestCase raises RuntimeError).
+    wrapped = "RuntimeError: Process 1 exited with error code 10 and exception:\n" + message.split("\n", 1)[1]
+    assert _first_line(wrapped) == "AssertionError: Tensor-likes are not close!"

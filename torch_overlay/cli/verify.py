@@ -162,9 +162,12 @@ def _first_line(text: str | None, limit: int = 200) -> str:
     frame; else the first line that is not a wrapper's ``... raised:``.
     """
     lines = [s.strip() for s in (text or "").splitlines() if s.strip()]
+    errors = [s for s in lines if _ERROR_LINE.match(s)]
+    # "RuntimeError: Process 1 exited with error code 10 and exception:" introduces the child's
+    # traceback, whose own error line says what went wrong.
     line = next(
-        (s for s in lines if _ERROR_LINE.match(s)),
-        next((s for s in lines if not s.endswith(":")), lines[0] if lines else ""),
+        (s for s in errors if not s.endswith(":")),
+        errors[0] if errors else next((s for s in lines if not s.endswith(":")), lines[0] if lines else ""),
     )
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
