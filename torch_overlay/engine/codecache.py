@@ -87,6 +87,11 @@ class CodeCache:
         )
         return False
 
+    @property
+    def usable(self) -> bool:
+        """Whether entries can be read and written (the folder is ready and private)."""
+        return self._ready()
+
     def load_or_build(self, key: str, build: Callable[[], T], check: Callable[[Any], bool]) -> T:
         """The cached value for ``key`` if it verifies and passes ``check``, else ``build()`` (stored)."""
         found = self.load(key, check)

@@ -51,7 +51,7 @@ def decide_component(
     """
     imported = {t.module for t in component.targets.values() if t.module in sys.modules and t.module != importing}
     key = None
-    if not imported:  # nothing to swap: the decision may be recalled, or kept for the next process
+    if not imported and cache.usable:  # nothing to swap: the decision may be recalled, or kept
         key = decision_key(component, version)
         recalled = recall(key, component, cache)
         if recalled is not None:
