@@ -112,7 +112,6 @@ class FullyShardUnusedTestCase(DTensorTestBase):
         return grads, ref_grads
 
 
-@skip_before("2.13", "no set_reduce_scatter_unused_params")
 class TestFsdpUnusedParamsBackwardOrder(FullyShardUnusedTestCase):
     """
     With ``set_reduce_scatter_unused_params(True)``, a module whose outputs get
@@ -157,7 +156,7 @@ class TestFsdpUnusedParamsBackwardOrder(FullyShardUnusedTestCase):
         self.assertEqual(grads, ref_grads)
 
 
-@skip_before("2.13", "no set_reduce_scatter_unused_params")
+@skip_before("2.13", "the option is new in 2.13 (the overlay brings it to older torch)")
 class TestFsdpUnusedParamsBackwardOrderGuard(FullyShardUnusedTestCase):
     """When every rank uses every output, reducing unused parameters changes
     nothing: the gradients are bitwise those of the default configuration."""
