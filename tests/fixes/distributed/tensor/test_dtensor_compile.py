@@ -227,6 +227,36 @@ class SubclassOutputTestCase(torch._dynamo.test_case.TestCase):
                     self.assertEqual(c.grad, e.grad, msg=msg)
         return compiled_outs
 
+    def check_cache_round_trip(
+        self,
+        fn: Callable[..., Any],
+        make_inputs: Callable[[], Sequence[Any]],
+        check: Callable[..., Any] | None = None,
+    ) -> None:
+        """
+        Compiles fn with inductor and the AOTAutograd cache on (strict: a failure to
+        save raises), then again from the on-disk cache after a dynamo reset; both
+        results must match eager.
+        """
+        check = check or self.check_same_as_eager
+        with (
+            fresh_cache(),
+            torch._functorch.config.patch(
+                enable_autograd_cache=True, strict_autograd_cache=True
+            ),
+            torch._inductor.config.patch(
+                fx_graph_cache=True, fx_graph_remote_cache=False
+            ),
+        ):
+            counters.clear()
+            check(fn, make_inputs, backend="inductor")
+            self.assertEqual(counters["aot_autograd"]["autograd_cache_saved"], 1)
+            torch._dynamo.reset()
+            counters.clear()
+            check(fn, make_inputs, backend="inductor")
+            self.assertEqual(counters["aot_autograd"]["autograd_cache_hit"], 1)
+            self.assertEqual(counters["aot_autograd"]["autograd_cache_miss"], 0)
+
 
 PLACEMENTS = {"replicate": Replicate(), "shard0": Shard(0), "shard1": Shard(1)}
 
@@ -787,36 +817,6 @@ class TestAotSubclassOutputsViewReplay(SubclassOutputTestCase):
         torch._dynamo.reset()
         self.check_same_as_eager(fn, lambda: self._x(placement))
 
-    def check_cache_round_trip(
-        self,
-        fn: Callable[..., Any],
-        make_inputs: Callable[[], Sequence[Any]],
-        check: Callable[..., Any] | None = None,
-    ) -> None:
-        """
-        Compiles fn with inductor and the AOTAutograd cache on (strict: a failure to
-        save raises), then again from the on-disk cache after a dynamo reset; both
-        results must match eager.
-        """
-        check = check or self.check_same_as_eager
-        with (
-            fresh_cache(),
-            torch._functorch.config.patch(
-                enable_autograd_cache=True, strict_autograd_cache=True
-            ),
-            torch._inductor.config.patch(
-                fx_graph_cache=True, fx_graph_remote_cache=False
-            ),
-        ):
-            counters.clear()
-            check(fn, make_inputs, backend="inductor")
-            self.assertEqual(counters["aot_autograd"]["autograd_cache_saved"], 1)
-            torch._dynamo.reset()
-            counters.clear()
-            check(fn, make_inputs, backend="inductor")
-            self.assertEqual(counters["aot_autograd"]["autograd_cache_hit"], 1)
-            self.assertEqual(counters["aot_autograd"]["autograd_cache_miss"], 0)
-
     def check_two_tensor_same_as_eager(
         self,
         fn: Callable[..., Any],
@@ -995,22 +995,7 @@ class TestAotSubclassOutputsAliasIntermediate(SubclassOutputTestCase):
             y = x.sin() * 2
             return y[:, :3], y[:, 3:]
 
-        with (
-            fresh_cache(),
-            torch._functorch.config.patch(
-                enable_autograd_cache=True, strict_autograd_cache=True
-            ),
-            torch._inductor.config.patch(
-                fx_graph_cache=True, fx_graph_remote_cache=False
-            ),
-        ):
-            counters.clear()
-            self.check_same_as_eager(fn, lambda: self._x("shard0"), backend="inductor")
-            self.assertEqual(counters["aot_autograd"]["autograd_cache_saved"], 1)
-            torch._dynamo.reset()
-            counters.clear()
-            self.check_same_as_eager(fn, lambda: self._x("shard0"), backend="inductor")
-            self.assertEqual(counters["aot_autograd"]["autograd_cache_hit"], 1)
+        self.check_cache_round_trip(fn, lambda: self._x("shard0"))
 
 
 class _TwoOutputMLP(nn.Module):
