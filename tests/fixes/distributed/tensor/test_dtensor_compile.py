@@ -1102,6 +1102,199 @@ class TestAotSubclassOutputsAliasIntermediateWithComms(DTensorTestBase):
                 self.assertGreater(counters["aot_autograd"]["autograd_cache_hit"], 0)
 
 
+class TestAotUnusedSubclassOutputZeroTangent(SubclassOutputTestCase):
+    """
+    A compiled region returns DTensors and the loss reads only some of them (an
+    MoE auxiliary loss that is logged, FlexAttention's logsumexp). Autograd
+    materializes the missing gradients as plain zeros, which the compiled
+    backward rejected: *Expected a DTensor tangent but got a plain Tensor*.
+    """
+
+    def check_unused_same_as_eager(
+        self,
+        fn: Callable[..., Any],
+        make_inputs: Callable[[], Sequence[Any]],
+        used: Sequence[int],
+        *,
+        backend: str = "aot_eager",
+        dynamic: bool | None = False,
+    ) -> None:
+        """Backward through the outputs at ``used`` only; the input gradients
+        (type, placements, local values) must match eager's. An input that only
+        unused outputs read gets no gradient in eager and a zero one compiled,
+        as with plain tensors (the compiled backward is one graph)."""
+        eager_inps = list(make_inputs())
+        compiled_inps = [x.detach().clone().requires_grad_() for x in eager_inps]
+        compiled_fn = torch.compile(
+            fn, backend=backend, fullgraph=True, dynamic=dynamic
+        )
+        for inps, f in ((eager_inps, fn), (compiled_inps, compiled_fn)):
+            outs = f(*inps)
+            _loss([outs[i] for i in used]).backward()
+        for i, (c, e) in enumerate(zip(compiled_inps, eager_inps)):
+            msg = f"grad of input {i}"
+            if e.grad is None:
+                self.assertIs(type(c.grad), type(c), msg)
+                local = c.grad.to_local() if isinstance(c, DTensor) else c.grad
+                self.assertFalse(local.any(), msg)
+                continue
+            self.assertIs(type(c.grad), type(e.grad), msg)
+            if isinstance(e.grad, DTensor):
+                self.assertEqual(c.grad.placements, e.grad.placements, msg=msg)
+                self.assertEqual(c.grad.to_local(), e.grad.to_local(), msg=msg)
+            else:
+                self.assertEqual(c.grad, e.grad, msg=msg)
+
+    def _x(self, placement: str) -> list[Any]:
+        return [self.dtensor(torch.randn(8, 4), [PLACEMENTS[placement]])]
+
+    @parametrize("placement", ["shard0", "replicate"])
+    @parametrize("dynamic", [False, True])
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_unused_output(self, backend, dynamic, placement):
+        def fn(x):
+            return x.sin() * 2, x.cos()
+
+        self.check_unused_same_as_eager(
+            fn, lambda: self._x(placement), [0], backend=backend, dynamic=dynamic
+        )
+
+    def test_each_output_unused_in_turn(self):
+        def fn(x):
+            h = x.sin()
+            return h * 2, h.cos(), h.sum(0)
+
+        for used in ([0], [1], [2], [0, 2], [1, 2]):
+            torch._dynamo.reset()
+            self.check_unused_same_as_eager(fn, lambda: self._x("shard0"), used)
+
+    def test_unused_partial_output(self):
+        # x @ w over the sharded dim gives a Partial output
+        def fn(x, w):
+            return x.sin(), x @ w
+
+        self.check_unused_same_as_eager(
+            fn,
+            lambda: [
+                self.dtensor(torch.randn(8, 4), [Shard(1)]),
+                self.dtensor(torch.randn(4, 6), [Shard(0)]),
+            ],
+            [0],
+        )
+
+    def test_unused_plain_and_dtensor_outputs(self):
+        # Unused plain outputs of a graph with DTensor outputs get the zeros
+        # autograd would have made
+        def fn(x, w):
+            y = x * 2
+            return y, y.to_local() @ w, x.cos(), w.sin()
+
+        self.check_unused_same_as_eager(
+            fn,
+            lambda: [
+                self.dtensor(torch.randn(8, 4), [Replicate()]),
+                torch.randn(4, 3, requires_grad=True),
+            ],
+            [0, 3],
+        )
+
+    def test_unused_view_of_intermediate(self):
+        def fn(x):
+            y = x * 2 + 1
+            return y[:, :2], y[:, 2:]
+
+        self.check_unused_same_as_eager(fn, lambda: self._x("replicate"), [1])
+
+    def test_unused_output_does_not_keep_its_data(self):
+        # The forward records the unused output's layout, not its storage
+        def fn(x):
+            return x.sin(), x.cos() * 3
+
+        (x,) = self._x("shard0")
+        a, b = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+        storage = _storage(b.to_local())
+        del b
+        self.assertTrue(storage.expired())
+        a.sum().backward()
+        self.assertEqual(x.grad.to_local(), x.to_local().cos())
+
+    def test_plain_gradient_for_dtensor_output_still_raises(self):
+        # Only gradients autograd leaves undefined are filled in: a plain tensor
+        # passed for a DTensor output is still an error, as in eager.
+        def fn(x):
+            return x.sin(), x.cos()
+
+        (x,) = self._x("replicate")
+        a, b = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+        with self.assertRaisesRegex(
+            RuntimeError, "Expected a DTensor tangent|metadata"
+        ):
+            torch.autograd.backward([a, b], [torch.ones_like(a), torch.ones(8, 4)])
+
+    def test_cache_round_trip(self):
+        def fn(x):
+            return x.sin() * 2, x.cos()
+
+        def check(fn, make_inputs, backend):
+            self.check_unused_same_as_eager(fn, make_inputs, [0], backend=backend)
+
+        self.check_cache_round_trip(fn, lambda: self._x("shard0"), check)
+
+
+class _BlockWithAuxLoss(nn.Module):
+    """A tensor-parallel MLP that also returns an auxiliary loss (as an MoE
+    router does), both as DTensors; training reads only the output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.up(x))
+        return self.down(h), h.pow(2).mean()
+
+
+class TestAotUnusedSubclassOutputZeroTangentWithComms(DTensorTestBase):
+    """A compiled TP block whose auxiliary DTensor output is not in the loss
+    trains like eager."""
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def _train(self, mesh: DeviceMesh, backend: str | None) -> list[Any]:
+        torch.manual_seed(0)
+        model = _BlockWithAuxLoss()
+        plan = {
+            "up": ColwiseParallel(use_local_output=False),
+            "down": RowwiseParallel(use_local_output=False),
+        }
+        parallelize_module(model, mesh, plan)
+        if backend is not None:
+            model.compile(backend=backend, fullgraph=True)
+        optim = torch.optim.SGD(model.parameters(), lr=0.1)
+        steps = []
+        for step in range(2):
+            torch.manual_seed(step)
+            y, aux = model(torch.randn(4, 8))
+            self.assertIsInstance(aux, DTensor)
+            y.full_tensor().pow(2).sum().backward()
+            steps.append([p.grad.full_tensor() for p in model.parameters()])
+            steps.append(aux.full_tensor().detach())
+            optim.step()
+            optim.zero_grad()
+        return steps
+
+    @with_comms
+    def test_tp_block_with_unused_aux_loss(self) -> None:
+        mesh = init_device_mesh(self.device_type, (self.world_size,))
+        ref = self._train(mesh, None)
+        for backend in ("aot_eager", "inductor"):
+            torch._dynamo.reset()
+            self.assertEqual(self._train(mesh, backend), ref, msg=backend)
+
+
 class FakeProcessGroupTestCase(torch._dynamo.test_case.TestCase):
     """One process, fake process group, a 1-D mesh of WORLD_SIZE."""
 
@@ -1641,6 +1834,8 @@ instantiate_parametrized_tests(TestAotSubclassOutputsSymintSlots)
 instantiate_parametrized_tests(TestAotSubclassOutputsViewReplay)
 instantiate_parametrized_tests(TestAotSubclassOutputsAliasIntermediate)
 instantiate_parametrized_tests(TestAotSubclassOutputsAliasIntermediateWithComms)
+instantiate_parametrized_tests(TestAotUnusedSubclassOutputZeroTangent)
+instantiate_parametrized_tests(TestAotUnusedSubclassOutputZeroTangentWithComms)
 instantiate_parametrized_tests(TestAotFreshAliasOutputs)
 instantiate_parametrized_tests(TestAotActInputRequiresGrad)
 instantiate_parametrized_tests(TestAotActInputUnwrap)
