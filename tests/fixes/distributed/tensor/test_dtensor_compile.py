@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 from hypothesis import strategies as st
+from torch._dynamo import compiled_autograd
 from torch._dynamo.utils import counters
 from torch._inductor.utils import fresh_cache
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
@@ -1219,17 +1220,28 @@ class TestAotUnusedSubclassOutputZeroTangent(SubclassOutputTestCase):
         self.assertEqual(x.grad.to_local(), x.to_local().cos())
 
     def test_plain_gradient_for_dtensor_output_still_raises(self):
-        # Only gradients autograd leaves undefined are filled in: a plain tensor
-        # passed for a DTensor output is still an error, as in eager.
+        # Only a zero plain gradient stands for the output's zeros: any other
+        # plain gradient of a DTensor output is still an error, as in eager.
         def fn(x):
             return x.sin(), x.cos()
 
         (x,) = self._x("replicate")
         a, b = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
-        with self.assertRaisesRegex(
-            RuntimeError, "Expected a DTensor tangent|metadata"
-        ):
+        with self.assertRaisesRegex(RuntimeError, "plain, nonzero gradient"):
             torch.autograd.backward([a, b], [torch.ones_like(a), torch.ones(8, 4)])
+
+    def test_unused_plain_output_under_compiled_autograd(self):
+        # Compiled autograd runs the backward prologue itself: an unused plain
+        # output beside a DTensor output still gets autograd's zeros there.
+        def fn(x):
+            return x.sin() * 2, x.to_local().cos()
+
+        (x,) = self._x("shard0")
+        a, _ = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+        with compiled_autograd._enable(torch.compile(backend="aot_eager")):
+            a.to_local().sum().backward()
+        self.assertEqual(x.grad.placements, (Shard(0),))
+        self.assertEqual(x.grad.to_local(), 2 * x.to_local().cos())
 
     def test_cache_round_trip(self):
         def fn(x):
