@@ -1,6 +1,7 @@
 # Owner(s): ["oncall: distributed"]
 import torch_overlay  # noqa: F401  # torch_overlay: plumbing
 
+import contextlib
 import copy
 import json
 import os
@@ -8,7 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import hypothesis
@@ -110,6 +111,20 @@ def _loss(outs: Sequence[Any]) -> torch.Tensor:
             local = o.to_local() if isinstance(o, DTensor) else o
             loss = loss + (local * (i + 1)).sum()
     return loss
+
+
+@contextlib.contextmanager
+def _compile_caches_on(strict: bool) -> Iterator[None]:
+    """A fresh on-disk inductor and AOTAutograd cache, both on; ``strict`` makes a
+    failure to save to the AOTAutograd cache raise."""
+    with (
+        fresh_cache(),
+        torch._functorch.config.patch(
+            enable_autograd_cache=True, strict_autograd_cache=strict
+        ),
+        torch._inductor.config.patch(fx_graph_cache=True, fx_graph_remote_cache=False),
+    ):
+        yield
 
 
 class SubclassOutputTestCase(torch._dynamo.test_case.TestCase):
@@ -219,14 +234,17 @@ class SubclassOutputTestCase(torch._dynamo.test_case.TestCase):
             for i, (c, e) in enumerate(zip(compiled_inps, eager_inps)):
                 if not (isinstance(e, torch.Tensor) and e.requires_grad):
                     continue
-                msg = f"grad of input {i}"
-                self.assertIs(type(c.grad), type(e.grad), msg)
-                if isinstance(e.grad, DTensor):
-                    self.assertEqual(c.grad.placements, e.grad.placements, msg=msg)
-                    self.assertEqual(c.grad.to_local(), e.grad.to_local(), msg=msg)
-                else:
-                    self.assertEqual(c.grad, e.grad, msg=msg)
+                self.assert_same_grad(c.grad, e.grad, f"grad of input {i}")
         return compiled_outs
+
+    def assert_same_grad(self, c: Any, e: Any, msg: str) -> None:
+        """Same type, and for DTensors the same placements and local values."""
+        self.assertIs(type(c), type(e), msg)
+        if isinstance(e, DTensor):
+            self.assertEqual(c.placements, e.placements, msg=msg)
+            self.assertEqual(c.to_local(), e.to_local(), msg=msg)
+        else:
+            self.assertEqual(c, e, msg=msg)
 
     def check_cache_round_trip(
         self,
@@ -240,15 +258,7 @@ class SubclassOutputTestCase(torch._dynamo.test_case.TestCase):
         results must match eager.
         """
         check = check or self.check_same_as_eager
-        with (
-            fresh_cache(),
-            torch._functorch.config.patch(
-                enable_autograd_cache=True, strict_autograd_cache=True
-            ),
-            torch._inductor.config.patch(
-                fx_graph_cache=True, fx_graph_remote_cache=False
-            ),
-        ):
+        with _compile_caches_on(strict=True):
             counters.clear()
             check(fn, make_inputs, backend="inductor")
             self.assertEqual(counters["aot_autograd"]["autograd_cache_saved"], 1)
@@ -999,6 +1009,21 @@ class TestAotSubclassOutputsAliasIntermediate(SubclassOutputTestCase):
         self.check_cache_round_trip(fn, lambda: self._x("shard0"))
 
 
+def _parallelize_up_down(
+    model: nn.Module, mesh: DeviceMesh, backend: str | None
+) -> torch.optim.Optimizer:
+    """Colwise ``model.up``, Rowwise ``model.down``, both with DTensor outputs;
+    compiled with ``backend`` unless it is None. Returns an SGD optimizer."""
+    plan = {
+        "up": ColwiseParallel(use_local_output=False),
+        "down": RowwiseParallel(use_local_output=False),
+    }
+    parallelize_module(model, mesh, plan)
+    if backend is not None:
+        model.compile(backend=backend, fullgraph=True)
+    return torch.optim.SGD(model.parameters(), lr=0.1)
+
+
 class _TwoOutputMLP(nn.Module):
     """A tensor-parallel MLP whose compiled forward returns DTensor views."""
 
@@ -1029,14 +1054,7 @@ class TestAotSubclassOutputsAliasIntermediateWithComms(DTensorTestBase):
     ) -> list[list[torch.Tensor]]:
         torch.manual_seed(0)
         model = _TwoOutputMLP(shape)
-        plan = {
-            "up": ColwiseParallel(use_local_output=False),
-            "down": RowwiseParallel(use_local_output=False),
-        }
-        parallelize_module(model, mesh, plan)
-        if backend is not None:
-            model.compile(backend=backend, fullgraph=True)
-        optim = torch.optim.SGD(model.parameters(), lr=0.1)
+        optim = _parallelize_up_down(model, mesh, backend)
         grads = []
         for step in range(2):
             torch.manual_seed(step)
@@ -1084,13 +1102,7 @@ class TestAotSubclassOutputsAliasIntermediateWithComms(DTensorTestBase):
     def test_warm_cache(self) -> None:
         mesh = init_device_mesh(self.device_type, (self.world_size,))
         ref = self._train(mesh, "halves", None)
-        with (
-            fresh_cache(),
-            torch._functorch.config.patch(enable_autograd_cache=True),
-            torch._inductor.config.patch(
-                fx_graph_cache=True, fx_graph_remote_cache=False
-            ),
-        ):
+        with _compile_caches_on(strict=False):
             counters.clear()
             self.assertEqual(self._train(mesh, "halves", "inductor"), ref)
             torch._dynamo.reset()
@@ -1139,12 +1151,7 @@ class TestAotUnusedSubclassOutputZeroTangent(SubclassOutputTestCase):
                 local = c.grad.to_local() if isinstance(c, DTensor) else c.grad
                 self.assertFalse(local.any(), msg)
                 continue
-            self.assertIs(type(c.grad), type(e.grad), msg)
-            if isinstance(e.grad, DTensor):
-                self.assertEqual(c.grad.placements, e.grad.placements, msg=msg)
-                self.assertEqual(c.grad.to_local(), e.grad.to_local(), msg=msg)
-            else:
-                self.assertEqual(c.grad, e.grad, msg=msg)
+            self.assert_same_grad(c.grad, e.grad, msg)
 
     def _x(self, placement: str) -> list[Any]:
         return [self.dtensor(torch.randn(8, 4), [PLACEMENTS[placement]])]
@@ -1278,14 +1285,7 @@ class TestAotUnusedSubclassOutputZeroTangentWithComms(DTensorTestBase):
     def _train(self, mesh: DeviceMesh, backend: str | None) -> list[Any]:
         torch.manual_seed(0)
         model = _BlockWithAuxLoss()
-        plan = {
-            "up": ColwiseParallel(use_local_output=False),
-            "down": RowwiseParallel(use_local_output=False),
-        }
-        parallelize_module(model, mesh, plan)
-        if backend is not None:
-            model.compile(backend=backend, fullgraph=True)
-        optim = torch.optim.SGD(model.parameters(), lr=0.1)
+        optim = _parallelize_up_down(model, mesh, backend)
         steps = []
         for step in range(2):
             torch.manual_seed(step)
@@ -1424,15 +1424,7 @@ class TestAotFreshAliasOutputs(FakeProcessGroupTestCase):
         w_ref = self._param()
         local_ref, loss_ref = fn(w_ref, x)
         (local_ref.sum() + loss_ref).backward()
-        with (
-            fresh_cache(),
-            torch._functorch.config.patch(
-                enable_autograd_cache=True, strict_autograd_cache=True
-            ),
-            torch._inductor.config.patch(
-                fx_graph_cache=True, fx_graph_remote_cache=False
-            ),
-        ):
+        with _compile_caches_on(strict=True):
             for counter in ("autograd_cache_saved", "autograd_cache_hit"):
                 torch._dynamo.reset()
                 counters.clear()
