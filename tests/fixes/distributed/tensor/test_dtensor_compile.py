@@ -805,7 +805,8 @@ class TestAotSubclassOutputsViewReplay(SubclassOutputTestCase):
     )
     def test_output_alias_structures(self, placement, outputs):
         # Two views of an intermediate that is not an output need an "intermediate
-        # base", which AOTAutograd does not support with subclasses: return it then.
+        # base" (TestAotSubclassOutputsAliasIntermediate): return the base then, so
+        # that this test needs only the view replay.
         if sum(o[0] == "view_of_base" for o in outputs) > 1:
             outputs = [("base",), *outputs]
 
