@@ -1202,7 +1202,7 @@ class TestAotUnusedSubclassOutputZeroTangent(SubclassOutputTestCase):
             fn,
             lambda: [
                 self.dtensor(torch.randn(8, 4), [Replicate()]),
-                torch.randn(4, 3, requires_grad=True),
+                torch.randn(4, 3, device=self.device_type, requires_grad=True),
             ],
             [0, 3],
         )
@@ -1236,7 +1236,7 @@ class TestAotUnusedSubclassOutputZeroTangent(SubclassOutputTestCase):
         (x,) = self._x("replicate")
         a, b = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
         with self.assertRaisesRegex(RuntimeError, "plain, nonzero gradient"):
-            torch.autograd.backward([a, b], [torch.ones_like(a), torch.ones(8, 4)])
+            torch.autograd.backward([a, b], [torch.ones_like(a), torch.ones(8, 4, device=self.device_type)])
 
     def test_unused_plain_output_under_compiled_autograd(self):
         # Compiled autograd runs the backward prologue itself: an unused plain
