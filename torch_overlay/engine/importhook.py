@@ -3,10 +3,12 @@
 For a watched name the finder asks the finders after it for the spec and wraps its loader in a
 :class:`ChainedLoader`. At ``exec_module`` the chained loader asks the hook's ``provide`` for the
 code to run (None: the module's own) and puts the original loader back on the spec (pkgutil and
-importlib.resources use it). A module that runs replaced code keeps the chained loader as its
-``__loader__``, whose ``get_source`` returns the text that code was compiled from (``linecache``
-and ``inspect`` fall back to it); everything else is the original loader's. Then the callbacks
-registered for that name run. ``importlib.reload`` goes through the finder again, so it gets the
+importlib.resources use it). A module that runs replaced code gets, as its ``__loader__`` and on its
+spec, a loader whose ``get_source`` returns the text that code was compiled from (``linecache`` and
+``inspect`` fall back to it after ``linecache.clearcache()``: Python 3.11 asks ``__loader__``, 3.13
+and 3.12.3+ ask ``__spec__.loader``); for a ``SourceFileLoader`` (every torch module) that is a
+``SourceFileLoader`` itself, so everything else is as before. Then the callbacks registered for
+that name run. ``importlib.reload`` goes through the finder again, so it gets the
 same treatment.
 """
 
@@ -15,16 +17,30 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from importlib.machinery import SourceFileLoader
 from types import CodeType, ModuleType
 from typing import Any, TYPE_CHECKING
 
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
 
-__all__ = ["ChainedLoader", "ImportHook"]
+__all__ = ["ChainedLoader", "ImportHook", "PatchedSourceFileLoader"]
 
 Provider = Callable[[ModuleType], "tuple[CodeType, str] | None"]  # code and its source text
 Fallback = Callable[[ModuleType, BaseException], bool]
+
+
+class PatchedSourceFileLoader(SourceFileLoader):
+    """A module's own file loader, except that ``get_source`` gives the replaced code's text."""
+
+    def __init__(self, fullname: str, path: str, text: str) -> None:
+        super().__init__(fullname, path)
+        self.text = text
+
+    def get_source(self, fullname: str | None = None) -> str | None:
+        if fullname is None or fullname == self.name:
+            return self.text
+        return super().get_source(fullname)
 
 
 class ChainedLoader:
@@ -68,6 +84,12 @@ class ChainedLoader:
                 self._source = None
                 module.__loader__ = self.loader
                 self.loader.exec_module(module)
+            else:
+                if type(self.loader) is SourceFileLoader:
+                    patched = PatchedSourceFileLoader(self.loader.name, self.loader.path, provided[1])
+                    module.__loader__ = patched
+                    if spec is not None:
+                        spec.loader = patched
         self._hook.imported(module.__name__)
 
 
