@@ -3,6 +3,7 @@ import torch_overlay  # noqa: F401  # torch_overlay: plumbing
 
 import contextlib
 import copy
+import functools
 import json
 import os
 import socket
@@ -281,6 +282,14 @@ VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "select": lambda t: t.select(0, 1),
 }
 
+
+# Views whose arguments are symbolic under dynamic shapes (pytorch#167074)
+SYMBOLIC_VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "last_cols": lambda t: t[:, t.shape[1] // 2 :],
+    "tensor_split": lambda t: torch.tensor_split(t, 2, dim=1)[0],
+    "broadcast_to": lambda t: torch.broadcast_to(t, (3, *t.shape)),
+    "reshape": lambda t: t.reshape(t.shape[0] // 2, -1),
+}
 
 class _TopKMixer(torch.autograd.Function):
     # A router whose backward uses scatter_add_ on plain tensors (like PhiMoE's
@@ -828,6 +837,30 @@ class TestAotSubclassOutputsViewReplay(SubclassOutputTestCase):
 
         torch._dynamo.reset()
         self.check_same_as_eager(fn, lambda: self._x(placement))
+
+    @parametrize("view", list(SYMBOLIC_VIEWS))
+    @parametrize("placement", ["replicate", "shard0"])
+    @parametrize("dynamic", ["dynamic", "automatic"])
+    def test_view_of_input_with_symbolic_arguments(self, view, placement, dynamic):
+        # pytorch#167074: under dynamic shapes the view's arguments are symbolic;
+        # the replay evaluates them with the runtime input's sizes
+        def fn(x):
+            return SYMBOLIC_VIEWS[view](x), x.sin()
+
+        if dynamic == "dynamic":
+            self.check_same_as_eager(fn, lambda: self._x(placement, (8, 12)), dynamic=True)
+            return
+        # the second shape makes dynamo recompile fn with dynamic sizes
+        for shape in [(8, 12), (12, 12)]:
+            self.check_same_as_eager(fn, lambda: self._x(placement, shape), dynamic=None)
+        self.assertEqual(counters["stats"]["unique_graphs"], 2)
+
+    def test_view_of_output_with_symbolic_arguments(self):
+        def fn(x):
+            y = x * 2
+            return y, y[:, : y.shape[1] // 2], y.reshape(y.shape[0] // 2, -1)
+
+        self.check_same_as_eager(fn, lambda: self._x("shard0", (8, 12)), dynamic=True)
 
     def check_two_tensor_same_as_eager(
         self,
