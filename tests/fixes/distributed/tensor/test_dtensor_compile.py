@@ -858,7 +858,7 @@ class TestAotSubclassOutputsViewReplay(SubclassOutputTestCase):
     def test_view_of_output_with_symbolic_arguments(self):
         def fn(x):
             y = x * 2
-            return y, y[:, : y.shape[1] // 2], y.reshape(y.shape[0] // 2, -1)
+            return y, y[:, : y.shape[1] // 2], y[:, y.shape[1] // 3 :]
 
         self.check_same_as_eager(fn, lambda: self._x("shard0", (8, 12)), dynamic=True)
 
