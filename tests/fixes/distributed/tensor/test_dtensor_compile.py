@@ -869,23 +869,12 @@ class TestAotSubclassOutputsViewReplay(SubclassOutputTestCase):
             y = x.sin()
             return y, y[:, : y.shape[1] // 2], x.reshape(x.shape[0] // 2, -1)
 
-        def make():
-            return [TwoTensor(torch.randn(8, 6), torch.randn(8, 6)).requires_grad_()]
-
-        x = make()[0]
-        ref_x = x.detach().clone().requires_grad_()
-        outs = torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=True)(x)
-        refs = fn(ref_x)
-        for o, r in zip(outs, refs):
-            self.assertIs(type(o), TwoTensor)
-            self.assertEqual(o.a, r.a)
-            self.assertEqual(o.b, r.b)
-        self.assertIs(outs[1]._base, outs[0])
-        self.assertIs(outs[2]._base, x)
-        sum((o * (i + 1)).sum() for i, o in enumerate(outs)).backward()
-        sum((r * (i + 1)).sum() for i, r in enumerate(refs)).backward()
-        self.assertEqual(x.grad.a, ref_x.grad.a)
-        self.assertEqual(x.grad.b, ref_x.grad.b)
+        self.check_two_tensor_same_as_eager(
+            fn,
+            lambda: [TwoTensor(torch.randn(8, 6), torch.randn(8, 6)).requires_grad_()],
+            backend="aot_eager",
+            dynamic=True,
+        )
 
     def check_two_tensor_same_as_eager(
         self,
@@ -893,10 +882,12 @@ class TestAotSubclassOutputsViewReplay(SubclassOutputTestCase):
         make_inputs: Callable[[], Sequence[Any]],
         *,
         backend: str,
+        dynamic: bool | None = None,
     ) -> None:
         inps = list(make_inputs())
         ref_inps = [x.detach().clone().requires_grad_() for x in inps]
-        outs = torch.compile(fn, backend=backend, fullgraph=True)(*inps)
+        compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)
+        outs = compiled(*inps)
         refs = fn(*ref_inps)
         for o, r in zip(outs, refs):
             self.assertIs(type(o), type(r))
