@@ -430,6 +430,10 @@ def _rank_main(rank: int, out_dir: str) -> None:
         json.dump({"steps": steps, "cache_hits": cache_hits}, f)
     dist.barrier()  # no rank tears gloo down while another still talks to it
     dist.destroy_process_group()
+    # The results are on disk. Skip interpreter shutdown: the mesh, the DTensors and
+    # dynamo's caches keep the gloo group alive until then, and a gloo thread that
+    # drops a Python tensor during shutdown aborts the rank (SIGABRT, cpython#87135).
+    os._exit(0)
 
 
 def spawn_ranks(out_dir: str) -> None:
