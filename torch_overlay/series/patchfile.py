@@ -32,12 +32,15 @@ KNOWN_FIELDS = (
     "Upstream-Guard-Test",
     "Last-Update",
 )
+# Fields that may appear more than once; each occurrence is kept, in order (``PatchFile.errors``).
+MULTI_FIELDS = ("Error",)
 
 
 NOTES_MARK = "Overlay-Notes:"
 
 _SUBJECT_RE = re.compile(r"^Subject:(.*(?:\n[ \t].*\S.*)*)", re.M)
 _KNOWN = frozenset(KNOWN_FIELDS)
+_MULTI = frozenset(MULTI_FIELDS)
 
 
 class PatchParseError(ValueError):
@@ -60,6 +63,7 @@ class PatchFile:
     overlay_notes: str = ""  # after `Overlay-Notes:`: for this project only, never staged
     paths: tuple[str, ...] = ()  # the files the diff changes, read from its headers alone
     diff_start: int = 0  # index of the diff's first line in ``text.splitlines()``
+    errors: tuple[str, ...] = ()  # the `Error:` lines: what the bug raises (torch_overlay.known)
 
     @property
     def files(self) -> tuple[FileDiff, ...]:
@@ -124,10 +128,13 @@ def parse_patch(path: Path | str, text: str | None = None, *, lazy: bool = False
     notes_at = _find_line(text, NOTES_MARK, body_start, body_end, prefix=True)
     message = text[body_start : min(notes_at, body_end)]
     fields: dict[str, str] = {}
+    errors: list[str] = []
     description: list[str] = []
     for line in message.splitlines():
         name, colon, value = line.partition(":")
-        if colon and name in _KNOWN:
+        if colon and name in _MULTI:
+            errors.append(value.strip())
+        elif colon and name in _KNOWN:
             fields[name] = value.removeprefix(" ").strip()  # the last one wins
         else:
             description.append(line)
@@ -145,7 +152,7 @@ def parse_patch(path: Path | str, text: str | None = None, *, lazy: bool = False
     paths = _diff_paths(path, text)
     if not paths:
         raise PatchParseError(path, len(text.splitlines()), "no diff in patch")
-    patch = PatchFile(path, subject, fields, description_text, None, text, overlay_notes, paths, i)
+    patch = PatchFile(path, subject, fields, description_text, None, text, overlay_notes, paths, i, tuple(errors))
     if not lazy:
         patch.files  # noqa: B018 - parse and check the hunks now
     return patch
