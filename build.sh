@@ -16,7 +16,7 @@ Usage: ./build.sh VERB [ARGS]
   demo                 the status table, then the smallest reproducer of each fix this torch
                        needs, without and with the overlay (about a minute once torch is installed)
   test [PYTEST ARGS]   run the whole test suite (TORCH_VERSION=2.11.0 ./build.sh test for another torch)
-  bench                import-time and fix benchmarks
+  bench [--smoke]      import-time and fix benchmarks (--smoke: each runs tiny, in seconds: that they run)
   status [--json]      python -m torch_overlay status
   verify [IDS] [--quick] [-j N]
                        python -m torch_overlay verify: each fix's tests without and with the overlay
@@ -167,10 +167,12 @@ cmd_matrix() {
 }
 
 cmd_bench() {
-  local b
+  local b rc=0
   for b in "$ROOT"/benchmarks/bench_*.py; do
-    run_py "$b"
+    echo "== ${b#"$ROOT"/} $*"
+    run_py "$b" "$@" || { echo "error: ${b#"$ROOT"/} failed" >&2; rc=1; }
   done
+  return $rc
 }
 
 verb="${1:-help}"

@@ -4,7 +4,7 @@ Runs two gloo CPU ranks (torch.multiprocessing) and prints one line from rank 0:
 the check on the TP MoE block (only the router gate is replicated) and the check
 on a module of the same size with every parameter replicated (the worst case:
 each element is checksummed), both with grads, against the block's backward.
-Medians over a few iterations. Then the peak memory (RSS) a check adds for one replicated
+Medians over a few iterations (``--smoke``: a smaller block, two iterations, seconds). Then the peak memory (RSS) a check adds for one replicated
 parameter whose local tensor is transposed (non-contiguous), against the tensor's size.
 """
 
@@ -27,15 +27,19 @@ from torch.distributed.tensor import distribute_tensor, DTensor, Replicate
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.replicas.test_check_replicas import RIGHT, ToyTPMoE  # noqa: E402
+from tests.checks.test_check_replicas import RIGHT, ToyTPMoE  # noqa: E402
 from torch_overlay.checks.replicas import check_replicas  # noqa: E402
 
 
 WORLD_SIZE = 2
-WARMUP = 3
-ITERS = 15
-SIZES = {"dim": 128, "num_experts": 8, "hidden": 512}
-TOKENS_PER_RANK = 256
+# --smoke: that the benchmark runs (seconds), not what it measures. Read at import, so the
+# spawned ranks (which re-import this file with the same argv) see it too.
+SMOKE = "--smoke" in sys.argv[1:]
+WARMUP = 1 if SMOKE else 3
+ITERS = 2 if SMOKE else 15
+SIZES = {"dim": 16, "num_experts": 4, "hidden": 32} if SMOKE else {"dim": 128, "num_experts": 8, "hidden": 512}
+TOKENS_PER_RANK = 16 if SMOKE else 256
+PEAK_SIDE = 256 if SMOKE else 4096
 
 
 def _median_ms(fn: Callable[[], object], setup: Callable[[], object] = lambda: None) -> float:
@@ -68,7 +72,7 @@ def _rss(field: str) -> int:
     raise LookupError(field)
 
 
-def _peak_memory_mib(mesh, rows: int = 4096, cols: int = 4096) -> tuple[float, float]:
+def _peak_memory_mib(mesh, rows: int = PEAK_SIDE, cols: int = PEAK_SIDE) -> tuple[float, float]:
     """(peak RSS added by a check of one transposed replicated parameter, its size), MiB."""
     local = torch.randn(rows, cols).t()
     param = nn.Parameter(DTensor.from_local(local, mesh, [Replicate()], run_check=False))

@@ -10,6 +10,8 @@
 
 Each figure is the median over fresh interpreters, the variants interleaved so that machine noise
 hits them alike (-X importtime is not used: it distorts). Run it on an idle machine.
+``--smoke`` runs each variant once, without callgrind and the cold caches: that the benchmark
+runs, in seconds, not what it measures.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def instructions(cache: str) -> None:
             f"PYTHONHASHSEED={seed}: import torch {base / 1e9:.3f} G instructions alone, "
             f"{over / 1e9:.3f} G with torch_overlay (ratio {over / base:.4f})"
         )
-    cold = _instructions("import torch_overlay, torch", tempfile.mkdtemp(prefix="torch_overlay_cold_"), SEEDS[0])
+    with tempfile.TemporaryDirectory(prefix="torch_overlay_cold_") as cold_dir:
+        cold = _instructions("import torch_overlay, torch", cold_dir, SEEDS[0])
     print(
         f"import cost (callgrind, bytecode compiled, warm code cache): ratio {max(ratios):.4f} at most "
         f"over {len(SEEDS)} hash seeds (goal <= 1.02); cold code cache, seed {SEEDS[0]}: "
@@ -92,8 +95,22 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=11, help="fresh interpreters per variant for import torch")
     parser.add_argument("--module-runs", type=int, default=5, help="per variant and entry point")
     parser.add_argument("--instructions-only", action="store_true", help="the callgrind counts alone")
+    parser.add_argument("--smoke", action="store_true", help="once each, no callgrind, no cold cache (seconds)")
     args = parser.parse_args()
-    warm = tempfile.mkdtemp(prefix="torch_overlay_bench_")
+    with tempfile.TemporaryDirectory(prefix="torch_overlay_bench_") as warm:
+        if args.smoke:
+            smoke(warm)
+        else:
+            measure(args, warm)
+
+
+def smoke(warm: str) -> None:
+    alone = _run("", "", warm)[0]
+    over = _run("import torch_overlay", ENTRY_POINTS[0], warm)[0]
+    print(f"import torch (smoke, one run each): {alone * 1e3:.1f} ms alone, {over * 1e3:.1f} ms with torch_overlay")
+
+
+def measure(args: argparse.Namespace, warm: str) -> None:
     if shutil.which("valgrind"):
         instructions(warm)
     else:
@@ -115,7 +132,8 @@ def main() -> None:
         for _ in range(args.module_runs):
             alone.append(_run("import torch_overlay", entry, warm, overlay="0")[1])
             warm_t.append(_run("import torch_overlay", entry, warm)[1])
-            cold_t.append(_run("import torch_overlay", entry, tempfile.mkdtemp(prefix="torch_overlay_cold_"))[1])
+            with tempfile.TemporaryDirectory(prefix="torch_overlay_cold_") as cold:
+                cold_t.append(_run("import torch_overlay", entry, cold)[1])
         a, w, c = (statistics.median(x) for x in (alone, warm_t, cold_t))
         print(
             f"first import of {entry:<30} {a * 1e3:7.1f} ms without, {w * 1e3:7.1f} ms with "

@@ -30,11 +30,13 @@ from torch.distributed.tensor import distribute_tensor, Shard  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 FIX_ID = "aot-subclass-outputs-view-replay"
-CALLS = 500
+SMOKE = "--smoke" in sys.argv[1:]  # that the benchmark runs, in seconds, not what it measures
+CALLS = 5 if SMOKE else 500
+REPEAT = 1 if SMOKE else 15
 
 
 def best_us(fn, calls: int = CALLS) -> float:
-    return min(timeit.repeat(fn, number=calls, repeat=15)) / calls * 1e6
+    return min(timeit.repeat(fn, number=calls, repeat=REPEAT)) / calls * 1e6
 
 
 def main() -> None:
@@ -72,7 +74,7 @@ def main() -> None:
     print(f"                            replayed: {best_us(lambda: static.replay(y)):7.1f} us")
     print(f"  y[:, : y.shape[1] // 2]   as an op: {best_us(lambda: y[:, :6]):7.1f} us")
     print(f"                            replayed: {best_us(lambda: symbolic.replay(y)):7.1f} us")
-    print(f"  whole compiled call (both views):   {best_us(lambda: compiled(x), 200):7.1f} us")
+    print(f"  whole compiled call (both views):   {best_us(lambda: compiled(x), CALLS):7.1f} us")
     dist.destroy_process_group()
 
 
