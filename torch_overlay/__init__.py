@@ -13,6 +13,7 @@ from typing import Any
 from ._state import Mode, OverlayError, OverlayWarning, PatchState, PatchStatus, Target
 from ._version import __version__
 from .engine.overlay import Overlay
+from .known.hint import install as _install_hint
 from .launch.env import inherit
 
 __all__ = [
@@ -39,6 +40,8 @@ __all__ = [
 
 _overlay = Overlay()
 _overlay.activate()
+# After a traceback, one line when the error is a known bug whose fix is not active here.
+_install_hint(_overlay)
 # Python processes started from here on import the overlay first, with this process's switches.
 if _overlay.config.enabled and _overlay.config.children and not inherit(os.environ):
     _overlay.report_problem(

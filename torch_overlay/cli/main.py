@@ -92,6 +92,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if broken else 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .explain import cmd_explain as explain
+
+    return explain(args, Path(torch_overlay._overlay.config.patches_dir))
+
+
 def main_run() -> int:
     """The ``torch-overlay-run`` console script."""
     from ..launch.launcher import main as launch
@@ -114,6 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="pytest runs at a time (default: cores)")
     p.add_argument("--needed", action="store_true", help="only the fixes the installed torch needs")
     p.set_defaults(func=cmd_verify)
+    p = sub.add_parser(
+        "explain",
+        help="which known torch bug each error of a traceback or job log is, and whether it is fixed here",
+        description="Read tracebacks or whole job logs (FILEs, or standard input) and say, per distinct error, "
+        "which known bug it is, which torch releases have it, and what that means for the installed torch "
+        "(or --torch VERSION). Exit status: 0 every error is known, 1 one is not (or none was found), "
+        "2 an input cannot be read.",
+    )
+    p.add_argument("files", nargs="*", metavar="FILE", help="a traceback or log ('-' or none: standard input)")
+    p.add_argument("--torch", metavar="VERSION", help="answer for this torch release instead of the installed one")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_explain)
     sub.add_parser(
         "run", help="[--check-ranks] -- CMD ...: run CMD with torch_overlay imported first in every Python process"
     )

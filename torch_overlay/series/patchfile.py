@@ -30,6 +30,7 @@ KNOWN_FIELDS = (
     "Upstream-Test",
     "Guard-Test",
     "Upstream-Guard-Test",
+    "Error-Test",
     "Last-Update",
 )
 # Fields that may appear more than once; each occurrence is kept, in order (``PatchFile.errors``).

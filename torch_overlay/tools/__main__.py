@@ -89,6 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, metavar="FILE")
     _add_patches(p)
 
+    p = sub.add_parser(
+        "readme",
+        help="regenerate the README's tables of fixes and of reports looked at from the patches' data",
+        description="Rewrite the README's generated tables (between <!-- BEGIN generated: ... --> lines) from "
+        "the series' fields and looked-at.toml; with --check, exit 1 when they differ instead.",
+    )
+    p.add_argument("--readme", type=Path, default=Path(__file__).resolve().parents[2] / "README.md")
+    p.add_argument("--check", action="store_true")
+    _add_patches(p)
+
     argv = sys.argv[1:] if argv is None else list(argv)
     # Everything after -- belongs to pytest; split it off first, since argparse's own handling
     # of -- inside a subcommand would reject it.
@@ -102,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     if pytest_args:
         parser.error(f"{args.verb} takes no arguments after --")
     patches = (args.patches or load_config().patches_dir).resolve()
+    if args.verb == "readme":
+        from .readme import run_readme
+
+        return run_readme(args.readme, patches, check=args.check)
     if args.verb == "matrix":
         from ..series.series import read_series
         from .matrix import run_matrix

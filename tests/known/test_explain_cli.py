@@ -1,0 +1,157 @@
+"""``torch-overlay explain``: a log in, per error the known bug and what it means for a torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from torch_overlay.cli.main import main
+from torch_overlay.known.catalogue import load_catalogue
+from torch_overlay.known.explain import explain_log
+
+REPO = Path(__file__).resolve().parents[2]
+PATCHES = REPO / "patches"
+
+SPLIT_SLICE = """\
+Traceback (most recent call last):
+  File "/work/moe.py", line 40, in <module>
+    compiled(x, counts)
+  File "/site/torch/_inductor/graph.py", line 1200, in run_node
+    assert new_unbacked_defs >= renamed_unbacked_bindings
+torch._inductor.exc.InductorError: AssertionError: failed OrderedSet([]) >= OrderedSet([u4]) (inductor >= fx)
+fx node is: %split_with_sizes
+"""
+OOM = """\
+Traceback (most recent call last):
+  File "/work/train.py", line 12, in <module>
+    loss.backward()
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.32 GiB of which 1.20 GiB is free.
+"""
+SHAPE = """\
+Traceback (most recent call last):
+  File "/work/model.py", line 7, in forward
+    return self.proj(x)
+RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x16 and 32x8)
+"""
+NCCL_TIMEOUT = (
+    "[rank1]:[E1127 10:00:00.000000 123 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
+    "operation timeout: WorkNCCL(SeqNum=88, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+    "ran for 600012 milliseconds before timing out.\n"
+)
+
+
+def _ranked(rank: int, text: str) -> str:
+    return "".join(f"[rank{rank}]: {line}\n" for line in text.splitlines())
+
+
+@pytest.fixture
+def log(tmp_path):
+    def write(text: str, name: str = "job.log") -> str:
+        path = tmp_path / name
+        path.write_text(text, encoding="utf-8")
+        return str(path)
+
+    return write
+
+
+def _explain(capsys, *args: str) -> tuple[int, dict]:
+    rc = main(["explain", "--json", *args])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_a_fixed_bug_for_releases_before_during_and_after(capsys, log):
+    path = log(SPLIT_SLICE)
+    rc, out = _explain(capsys, path, "--torch", "2.11.0")
+    assert rc == 0
+    (error,) = out["errors"]
+    (match,) = error["matches"]
+    assert match["id"] == "inductor-unbacked-split-slice" and match["verdict"] == "fixed-by-overlay"
+    assert "also fixed upstream in torch 2.13.0" in match["advice"]
+    assert match["broken_on"] == "2.11, 2.12 (fixed upstream in 2.13.0)"
+    assert match["links"] == ["https://github.com/pytorch/torchtitan/issues/2776"]
+    _, out = _explain(capsys, path, "--torch", "2.14.1")
+    assert out["errors"][0]["matches"][0]["verdict"] == "fixed-upstream"
+
+
+def test_unrelated_errors_are_not_known_bugs(capsys, log):
+    for text in (OOM, SHAPE, NCCL_TIMEOUT):
+        rc, out = _explain(capsys, log(text), "--torch", "2.13.0")
+        assert rc == 1, text
+        (error,) = out["errors"]
+        assert error["known"] is False and error["matches"] == []
+
+
+def test_two_ranks_failing_differently_name_both(capsys, log):
+    a, b = _ranked(0, SPLIT_SLICE).splitlines(), _ranked(1, SHAPE).splitlines()
+    interleaved = "\n".join(x for pair in zip(a, b) for x in pair) + "\n" + "\n".join(a[len(b) :])
+    rc, out = _explain(capsys, log("\x1b[1m" + interleaved + "\x1b[0m\n"), "--torch", "2.12.1")
+    assert rc == 1  # one of them is not a known bug
+    assert [(e["ranks"], e["known"]) for e in out["errors"]] == [(["0"], True), (["1"], False)]
+
+
+def test_looked_at_report_gives_its_workaround(capsys, log):
+    text = (
+        "Traceback (most recent call last):\n  File \"/x/t.py\", line 1, in <module>\n    loss.backward()\n"
+        "torch.utils.checkpoint.CheckpointError: torch.utils.checkpoint: trying to save more tensors during "
+        "recomputation than during the original forward pass.\n"
+    )
+    rc, out = _explain(capsys, log(text), "--torch", "2.15.0")
+    assert rc == 0
+    (match,) = out["errors"][0]["matches"]
+    assert match["kind"] == "looked-at" and match["verdict"] == "known-not-fixed"
+    assert "_set_lru_cache(False)" in match["advice"]
+
+
+def test_disabled_fix_on_the_installed_torch_says_so():
+    catalogue = load_catalogue(PATCHES)
+    (ex,) = explain_log(SPLIT_SLICE, catalogue, "2.12.1", installed=True,
+                        env={"TORCH_OVERLAY_DISABLE": "x,inductor-unbacked-split-slice"})
+    assert ex.matches[0].verdict == "fix-not-active"
+    assert "TORCH_OVERLAY_DISABLE names it" in ex.matches[0].advice
+    (ex,) = explain_log(SPLIT_SLICE, catalogue, "2.12.1", installed=True, env={"TORCH_OVERLAY": "0"})
+    assert "TORCH_OVERLAY=0 turns the overlay off" in ex.matches[0].advice
+    warned = (
+        "UserWarning: torch_overlay: patch inductor-unbacked-split-slice failed: torch._inductor.lowering was "
+        "imported before torch_overlay; import torch_overlay first or use the launcher; torch is left unpatched\n"
+    )
+    (ex,) = explain_log(warned + SPLIT_SLICE, catalogue, "2.12.1")
+    assert ex.matches[0].verdict == "fix-not-active" and "imported before torch_overlay" in ex.matches[0].advice
+
+
+def test_exit_status_and_text_output(capsys, log, tmp_path):
+    assert main(["explain", log(SPLIT_SLICE), "--torch", "2.11.0"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("error 1 of 1: torch._inductor.exc.InductorError: AssertionError: failed OrderedSet")
+    assert "known bug: inductor-unbacked-split-slice (fix; torchtitan#2776)" in text
+    assert main(["explain", log("all good\n")]) == 1
+    assert "no error found" in capsys.readouterr().out
+    assert main(["explain", str(tmp_path / "missing.log")]) == 2
+    binary = tmp_path / "core"
+    binary.write_bytes(b"\x7fELF\0\0\0")
+    assert main(["explain", str(binary)]) == 2
+
+
+def test_standard_input_without_importing_torch_and_fast():
+    code = (
+        "import sys, time\n"
+        "from torch_overlay.cli.main import main\n"
+        "start = time.process_time()\n"
+        "rc = main(['explain', '--torch', '2.11.0'])\n"
+        "print('torch imported:', 'torch' in sys.modules, 'cpu:', time.process_time() - start, file=sys.stderr)\n"
+        "sys.exit(rc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], input=SPLIT_SLICE, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr
+    assert "inductor-unbacked-split-slice" in proc.stdout
+    assert "torch imported: False" in proc.stderr
+    cpu = float(proc.stderr.rsplit("cpu:", 1)[1])
+    assert cpu < 0.5, f"explain took {cpu:.2f} s of CPU (whole process {wall:.2f} s wall)"
