@@ -1,7 +1,7 @@
 """The package's folders are roles, and no module imports a module of a role above its own.
 
 From the bottom: the shared vocabulary (``_state``, ``_config``, ``_version``), ``series`` (a patch
-series as data), ``engine`` (the overlay in a live process), then what users call (``checks``,
+series as data), ``engine`` (the overlay in a live process), then what users call (``checks``, ``known``,
 ``launch``, ``recipes``), the CLI, and the build tools. ``torch_overlay/__init__.py`` is the public
 face and may use any of them.
 """
@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "torch_overlay"
-LAYERS = {"_state": 0, "_config": 0, "_version": 0, "series": 1, "engine": 2, "checks": 3, "launch": 3, "recipes": 3, "cli": 4, "tools": 5}
+LAYERS = {"_state": 0, "_config": 0, "_version": 0, "series": 1, "engine": 2, "checks": 3, "known": 3, "launch": 3, "recipes": 3, "cli": 4, "tools": 5}
 
 
 def _role(module: str) -> str | None:
