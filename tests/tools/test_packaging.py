@@ -143,3 +143,26 @@ def test_the_installed_verify_says_once_that_it_runs_from_a_checkout(installed, 
     assert proc.returncode == 2
     assert proc.stderr.count("verify runs from a source checkout") == 1, proc.stderr
     assert "no reproducer test found" not in proc.stdout + proc.stderr
+
+
+def test_pip_install_then_explain_answers_from_the_packaged_data(installed, tmp_path):
+    """The known bugs ship with the package: the patches' Error: lines and looked-at.toml."""
+    venv, env = installed
+    log = tmp_path / "job.log"
+    log.write_text(
+        "[rank0]: Traceback (most recent call last):\n"
+        '[rank0]:   File "/x/moe.py", line 3, in <module>\n'
+        "[rank0]: torch._inductor.exc.InductorError: AssertionError: failed OrderedSet([]) >= "
+        "OrderedSet([u4]) (inductor >= fx)\n"
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/x/moe.py", line 3, in <module>\n'
+        "[rank1]: torch.utils.checkpoint.CheckpointError: torch.utils.checkpoint: trying to save more "
+        "tensors during recomputation than during the original forward pass.\n"
+    )
+    proc = subprocess.run(
+        [venv / "bin" / "torch-overlay", "explain", "--json", "--torch", "2.12.1", log],
+        capture_output=True, text=True, env=env, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = [(e["ranks"], [m["id"] for m in e["matches"]]) for e in json.loads(proc.stdout)["errors"]]
+    assert found == [(["0"], ["inductor-unbacked-split-slice"]), (["1"], ["compile-ac-recompute-other-graph"])]
