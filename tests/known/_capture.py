@@ -1,5 +1,5 @@
 """A pytest plugin: write each failed test's exception, formatted as Python prints an uncaught
-one, to the JSON file named by ``TORCH_OVERLAY_CAPTURE`` (node id -> text)."""
+one, to the JSON file named by ``CAPTURE_EXCEPTIONS_JSON`` (node id -> text)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    path = os.environ.get("TORCH_OVERLAY_CAPTURE")
+    path = os.environ.get("CAPTURE_EXCEPTIONS_JSON")
     if path:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(_captured, f)

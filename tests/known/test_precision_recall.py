@@ -61,7 +61,7 @@ def without_overlay(tmp_path_factory) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY")}
     env.update(
         TORCH_OVERLAY="0",
-        TORCH_OVERLAY_CAPTURE=str(out),
+        CAPTURE_EXCEPTIONS_JSON=str(out),
         TORCH_OVERLAY_CACHE_DIR=os.environ["TORCH_OVERLAY_CACHE_DIR"],
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path_factory.mktemp("inductor")),
         PYTHONPATH=str(REPO),

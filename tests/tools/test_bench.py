@@ -9,9 +9,12 @@ from pathlib import Path
 
 import torch
 
+from tests._legs import one_leg
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@one_leg
 def test_every_benchmark_runs_in_smoke_size():
     env = {k: v for k, v in os.environ.items() if k != "TORCH_OVERLAY"}
     env.update(PYTHON=sys.executable, TORCH_VERSION=torch.__version__.split("+")[0])

@@ -1,0 +1,17 @@
+"""CI runs the suite on three torch releases; tests that exercise no torch-specific code path and
+cost minutes (whole benchmarks, packaging round trips) run on one of them.
+
+``.ci/run`` sets ``TORCH_OVERLAY_TEST_LEG=light`` on the other legs; a local ``./build.sh test``
+runs everything.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+one_leg = pytest.mark.skipif(
+    os.environ.get("TORCH_OVERLAY_TEST_LEG") == "light",
+    reason="runs on CI's full leg only (TORCH_OVERLAY_TEST_LEG=light)",
+)
