@@ -9,36 +9,26 @@ from __future__ import annotations
 
 import sys
 import types
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._state import PatchState
 from ..series.decide import decide
-from ..series.patchfile import PatchFile, PatchParseError
+from ..series.patchfile import PatchParseError
 from .codecache import CodeCache
 from .components import Component, Entry, ModulePlan
 from .decision_cache import decision_key, file_signature, recall, remember
+from .outcome import Outcome
 
 if TYPE_CHECKING:
     from .codeswap import SwapPlan
 
-__all__ = ["decide_component", "LATE_IMPORT", "Outcome", "plan_for_import", "texts_of"]
+__all__ = ["decide_component", "LATE_IMPORT", "plan_for_import", "texts_of"]
 
 LATE_IMPORT = (
     "{module} was imported before torch_overlay; import torch_overlay first or use the launcher "
     "(python -m torch_overlay run -- ...)"
 )
-
-
-@dataclass
-class Outcome:
-    """What the decision gives one entry (APPLIED: the torch-relative paths its variant changes)."""
-
-    state: PatchState
-    reason: str
-    variant: PatchFile | None
-    paths: set[str] = field(default_factory=set)
 
 
 def decide_component(

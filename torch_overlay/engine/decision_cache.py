@@ -20,11 +20,11 @@ from typing import Any, TYPE_CHECKING
 
 from .._state import PatchState
 from .components import ModulePlan
+from .outcome import Outcome
 
 if TYPE_CHECKING:
     from .codecache import CodeCache
     from .components import Component
-    from .decider import Outcome
 
 __all__ = ["decision_key", "file_signature", "recall", "remember"]
 
@@ -73,8 +73,6 @@ def _is_record(value: Any) -> bool:
 
 def recall(key: str, component: Component, cache: CodeCache) -> dict[int, Outcome] | None:
     """The outcomes stored for ``key`` (and ``component.modules`` set, code loaded at import), or None."""
-    from .decider import Outcome
-
     found = cache.load(key, _is_record)
     if found is None:
         return None

@@ -5,13 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .hunks import FileDiff
+from .diff_types import diff_path, FileDiff, PatchParseError
 
-
-__all__ = ["diff_path", "PatchFile", "PatchParseError", "parse_patch"]
+__all__ = ["PatchFile", "PatchParseError", "parse_patch"]
 
 # Fields the overlay understands inside the commit message (DEP-3 style).
 KNOWN_FIELDS = (
@@ -42,15 +39,6 @@ NOTES_MARK = "Overlay-Notes:"
 _SUBJECT_RE = re.compile(r"^Subject:(.*(?:\n[ \t].*\S.*)*)", re.M)
 _KNOWN = frozenset(KNOWN_FIELDS)
 _MULTI = frozenset(MULTI_FIELDS)
-
-
-class PatchParseError(ValueError):
-    """A patch file is malformed; names the file and line."""
-
-    def __init__(self, path: Path | str, lineno: int, message: str) -> None:
-        super().__init__(f"{path}:{lineno}: {message}")
-        self.path = str(path)
-        self.lineno = lineno
 
 
 @dataclass
@@ -88,17 +76,6 @@ class PatchFile:
     @property
     def title(self) -> str:
         return re.sub(r"^\[PATCH[^\]]*\]\s*", "", self.subject)
-
-
-def diff_path(path: str, lineno: int, source: Path) -> str:
-    path = path.split("\t")[0].strip()
-    if path == "/dev/null":
-        raise PatchParseError(source, lineno, "creating or deleting files is not supported")
-    if path[:2] in ("a/", "b/"):
-        path = path[2:]
-    if not path.startswith("torch/"):
-        raise PatchParseError(source, lineno, f"path {path!r} is outside the torch/ tree")
-    return path
 
 
 def parse_patch(path: Path | str, text: str | None = None, *, lazy: bool = False) -> PatchFile:
