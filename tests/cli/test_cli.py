@@ -35,7 +35,7 @@ def test_status_json_covers_every_patch_in_the_series():
 def test_status_table_and_lazy_mode():
     proc = _cli("status", "--lazy", TORCH_OVERLAY="0")
     assert proc.returncode == 0
-    assert "STATE" in proc.stdout and "disabled" in proc.stdout and "why: TORCH_OVERLAY=0" in proc.stdout
+    assert "STATE" in proc.stdout and "disabled" in proc.stdout and "off: TORCH_OVERLAY=0" in proc.stdout
 
 
 def test_verify_reports_fixed_and_not_needed(tmp_path):

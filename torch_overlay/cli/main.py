@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch_overlay
 
-from .report import format_status, to_json
+from .report import format_status, status_summary, to_json, wrap
 from .verify import format_verdicts, needed_ids, verify
 from ..series.versions import torch_version
 
@@ -46,12 +46,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not args.lazy:
         _import_targets()
     rows = torch_overlay.status()
+    problems = torch_overlay._overlay.problems
     if args.json:
         print(to_json(rows, torch=torch_version()))
     else:
-        print(f"torch {torch_version()}; patches from {torch_overlay._overlay.config.patches_dir}")
-        print(format_status(rows))
-    problems = torch_overlay._overlay.problems
+        width = shutil.get_terminal_size((120, 24)).columns
+        patches = {p.id: p for p in torch_overlay._overlay.patches()}
+        where = f"torch {torch_version()}; patches from {torch_overlay._overlay.config.patches_dir}"
+        print("\n".join(wrap(where, width)))
+        print(format_status(rows, patches, width))
+        print(status_summary(rows, len(problems)))
     for problem in problems:
         print(f"problem: {problem}", file=sys.stderr)
     bad = [r for r in rows if r.state in ("drift", "failed")]
