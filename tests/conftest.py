@@ -1,9 +1,19 @@
 import os
+import shutil
 import tempfile
 
-# Keep the overlay's compiled-code cache of test runs out of the user's cache.
-os.environ.setdefault("TORCH_OVERLAY_CACHE_DIR", tempfile.mkdtemp(prefix="torch_overlay_cache_"))
+# Keep the overlay's compiled-code cache of test runs out of the user's cache, and remove the one
+# made here when the run ends (a run of `verify` or `demo` is a pytest process too).
+_MADE_CACHE = None if "TORCH_OVERLAY_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="torch_overlay_cache_")
+if _MADE_CACHE is not None:
+    os.environ["TORCH_OVERLAY_CACHE_DIR"] = _MADE_CACHE
+_OWNER = os.getpid()
 
 # The overlay first, as a training job imports it: a test module that imports torch's internals
 # before torch_overlay would otherwise leave every later module's patches on the late path.
 import torch_overlay  # noqa: E402, F401
+
+
+def pytest_unconfigure(config: object) -> None:
+    if _MADE_CACHE is not None and os.getpid() == _OWNER:  # not in a forked worker
+        shutil.rmtree(_MADE_CACHE, ignore_errors=True)

@@ -237,13 +237,17 @@ class _Runner:
     def elapsed(self) -> float:
         return time.monotonic() - self.start
 
-    def env(self, side: str, cache: str) -> dict[str, str]:
+    def env(self, side: str, scratch: Path) -> dict[str, str]:
         env = dict(os.environ)
         env["TORCH_OVERLAY"] = "1" if side == "with" else "0"
         env.pop("TORCH_OVERLAY_DISABLE", None)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.repo), env.get("PYTHONPATH")]))
         # Fresh compile caches for each run, so neither run reuses the other's graphs.
-        env["TORCHINDUCTOR_CACHE_DIR"] = cache
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "inductor")
+        # The run's temporary files go with its folder: torch's MultiProcessTestCase leaves a
+        # rendezvous file per test, the test suite an overlay cache.
+        (scratch / "tmp").mkdir()
+        env["TMPDIR"] = str(scratch / "tmp")
         return env
 
     def run(self, run: _Run, on_test: Callable[[_Run, str, str], None]) -> tuple[dict[str, Outcome], float]:
@@ -256,7 +260,7 @@ class _Runner:
             proc = subprocess.Popen(
                 cmd,
                 cwd=self.repo,
-                env=self.env(run.side, tmp),
+                env=self.env(run.side, Path(tmp)),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
