@@ -164,20 +164,3 @@ def test_without_tests_verify_says_it_runs_from_a_checkout(tmp_path):
     rc, verdicts, err = _verify(tmp_path)
     assert rc == 2 and verdicts == {}
     assert err.count("runs from a source checkout") == 1, err
-
-
-def test_a_child_process_failure_is_summed_up_by_its_error_not_a_frame():
-    from torch_overlay.cli.verify import _first_line
-
-    message = (
-        "Process 0 exited with error code 10 and exception:\n"
-        "Traceback (most recent call last):\n"
-        '  File "/x/common_distributed.py", line 1058, in run_test\n'
-        "    getattr(self, test_name)()\n"
-        "AssertionError: Tensor-likes are not close!\n\nMismatched elements: 4 / 4\n"
-    )
-    assert _first_line(message) == "AssertionError: Tensor-likes are not close!"
-    assert _first_line("wrapper raised:\nthe reason") == "the reason"
-    # The wrapper's own line is an error line too (torch's MultiProcessTestCase raises RuntimeError).
-    wrapped = "RuntimeError: Process 1 exited with error code 10 and exception:\n" + message.split("\n", 1)[1]
-    assert _first_line(wrapped) == "AssertionError: Tensor-likes are not close!"

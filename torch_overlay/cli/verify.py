@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import pytest_outcomes
+from .failure_line import failure_line
 from .pytest_outcomes import MARK
 from ..series.series import Patch
 from .timings import Timings
@@ -150,34 +151,12 @@ def judge(without: Outcome, with_: Outcome) -> str:
     return VERDICTS[(without.state == "pass", with_.state == "pass")]
 
 
-# "AssertionError: ...", "torch._dynamo.exc.BackendCompilerFailed: ...": the line that names the error
-_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Failed|Interrupt)\b")
-
-
-def _first_line(text: str | None, limit: int = 200) -> str:
-    """The line of a failure message that says what went wrong.
-
-    The first line naming an exception, so that a child process's traceback (``Process 0 exited
-    with error code 10 and exception: Traceback ... File ..., in run_test``) gives its error, not a
-    frame; else the first line that is not a wrapper's ``... raised:``.
-    """
-    lines = [s.strip() for s in (text or "").splitlines() if s.strip()]
-    errors = [s for s in lines if _ERROR_LINE.match(s)]
-    # "RuntimeError: Process 1 exited with error code 10 and exception:" introduces the child's
-    # traceback, whose own error line says what went wrong.
-    line = next(
-        (s for s in errors if not s.endswith(":")),
-        errors[0] if errors else next((s for s in lines if not s.endswith(":")), lines[0] if lines else ""),
-    )
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
 def _case_outcome(case: ET.Element) -> Outcome:
     seconds = float(case.get("time") or 0.0)
     for tag, state in (("failure", "fail"), ("error", "error"), ("skipped", "skipped")):
         child = case.find(tag)
         if child is not None:
-            return Outcome(state, _first_line(child.get("message") or child.text), seconds)
+            return Outcome(state, failure_line(child.get("message") or "", child.text or ""), seconds)
     return Outcome("pass", "", seconds)
 
 
