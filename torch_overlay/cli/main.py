@@ -1,9 +1,10 @@
-"""``python -m torch_overlay status|verify|run``."""
+"""``python -m torch_overlay status|verify|explain|run`` (the ``torch-overlay`` console script)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import torch_overlay
 
 from .report import format_status, status_summary, to_json, wrap
 from .verify import format_verdicts, needed_ids, verify
+from .._version import __version__
 from ..series.versions import torch_version
 
 
@@ -40,6 +42,13 @@ def _import_targets() -> None:
                 importlib.import_module(name)
             except ImportError as exc:  # the patch stays pending; say why
                 print(f"note: cannot import {name}: {exc}", file=sys.stderr)
+
+
+def _can_import(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -77,6 +86,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if not _can_import("pytest"):  # each reproducer runs in `python -m pytest`
+        print(
+            f"error: verify runs each fix's reproducer with pytest, which this Python ({sys.executable}) "
+            f"cannot import: pip install '.[test]' in the checkout (an installed package: "
+            f"pip install 'torch_overlay[test]')",
+            file=sys.stderr,
+        )
+        return 2
     patches = [p for p in torch_overlay._overlay.patches() if not args.ids or p.id in args.ids]
     if args.needed:
         needed = needed_ids(patches)
@@ -110,8 +127,10 @@ def main_run() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torch_overlay", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    prog = "torch-overlay" if Path(sys.argv[0]).name == "torch-overlay" else "python -m torch_overlay"
+    parser = argparse.ArgumentParser(prog=prog, description="Fixes for PyTorch internals on released torch.")
+    parser.add_argument("--version", action="version", version=f"torch_overlay {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     p = sub.add_parser("status", help="state of every patch for the installed torch")
     p.add_argument("--json", action="store_true")
     p.add_argument("--lazy", action="store_true", help="do not import the target modules first")
@@ -145,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return launch(argv[1:])
     args = parser.parse_args(argv)
+    if args.command is None:  # a bare `torch-overlay`: what it can do
+        parser.print_help(sys.stderr)
+        return 2
     return args.func(args)
 
 
