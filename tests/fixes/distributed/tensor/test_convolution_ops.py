@@ -1,0 +1,75 @@
+# Owner(s): ["oncall: distributed"]
+import torch_overlay  # noqa: F401  # torch_overlay: plumbing
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import distribute_tensor, Shard
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    create_local_tensor_test_class,
+    DTensorTestBase,
+    with_comms,
+)
+
+
+class TestDtensorConvDepthwiseChannelShard(DTensorTestBase):
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def _check_depthwise(self, input_shape, kernel_size, padding, bias) -> None:
+        mesh = self.build_device_mesh()
+        channels = input_shape[1]
+        conv = {3: F.conv1d, 4: F.conv2d}[len(input_shape)]
+        torch.manual_seed(0)
+        x = torch.randn(input_shape, device=self.device_type)
+        w = torch.randn((channels, 1, *kernel_size), device=self.device_type)
+        b = torch.randn(channels, device=self.device_type) if bias else None
+        leaves = [t.requires_grad_() for t in (x, w, b) if t is not None]
+        out = conv(x, w, b, padding=padding, groups=channels)
+        grad_out = torch.randn_like(out)
+        out.backward(grad_out)
+
+        # The channels of the input, and the output channels of the weight
+        # and the bias, are sharded alike: each rank convolves its channels
+        dx = distribute_tensor(x.detach(), mesh, [Shard(1)]).requires_grad_()
+        dw = distribute_tensor(w.detach(), mesh, [Shard(0)]).requires_grad_()
+        db = (
+            distribute_tensor(b.detach(), mesh, [Shard(0)]).requires_grad_()
+            if bias
+            else None
+        )
+        d_grad_out = distribute_tensor(grad_out, mesh, [Shard(1)])
+        comm_mode = CommDebugMode()
+        with comm_mode:
+            d_out = conv(dx, dw, db, padding=padding, groups=channels)
+            d_out.backward(d_grad_out)
+        self.assertEqual(comm_mode.get_total_counts(), 0)
+        self.assertEqual(d_out.placements, (Shard(1),))
+        self.assertEqual(d_out.full_tensor(), out)
+        self.assertEqual(dx.grad.placements, (Shard(1),))
+        self.assertEqual(dw.grad.placements, (Shard(0),))
+        d_leaves = [dx, dw] + ([db] if bias else [])
+        for leaf, d_leaf in zip(leaves, d_leaves):
+            self.assertEqual(d_leaf.grad.full_tensor(), leaf.grad)
+        if bias:
+            self.assertEqual(db.grad.placements, (Shard(0),))
+
+    @with_comms
+    def test_depthwise_conv1d_channel_shard(self) -> None:
+        # A causal depthwise conv1d (GatedDeltaNet's short convolution)
+        self._check_depthwise((2, 8, 10), (3,), padding=[2], bias=True)
+
+    @with_comms
+    def test_depthwise_conv2d_channel_shard(self) -> None:
+        self._check_depthwise((2, 4, 6, 6), (3, 3), padding=[1, 1], bias=False)
+
+
+TestDtensorConvDepthwiseChannelShardWithLocalTensor = create_local_tensor_test_class(
+    TestDtensorConvDepthwiseChannelShard
+)
+
+
+if __name__ == "__main__":
+    run_tests()
