@@ -3,7 +3,7 @@ import torch_overlay  # noqa: F401  # torch_overlay: plumbing
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import distribute_tensor, Shard
+from torch.distributed.tensor import distribute_tensor, Replicate, Shard
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import (
@@ -68,6 +68,56 @@ class TestDtensorConvDepthwiseChannelShard(DTensorTestBase):
 
 TestDtensorConvDepthwiseChannelShardWithLocalTensor = create_local_tensor_test_class(
     TestDtensorConvDepthwiseChannelShard
+)
+
+
+class TestDtensorConvBackwardWidthShard(DTensorTestBase):
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def _check_last_dim_shard(self, input_shape, kernel_size) -> None:
+        mesh = self.build_device_mesh()
+        last_dim = len(input_shape) - 1
+        conv = {3: F.conv1d, 4: F.conv2d}[len(input_shape)]
+        torch.manual_seed(0)
+        x = torch.randn(input_shape, device=self.device_type, requires_grad=True)
+        w = torch.randn(
+            (4, input_shape[1], *kernel_size),
+            device=self.device_type,
+            requires_grad=True,
+        )
+        b = torch.randn(4, device=self.device_type, requires_grad=True)
+        # Windows that neither overlap nor leave gaps: each shard of the last
+        # dimension holds whole windows
+        out = conv(x, w, b, stride=kernel_size)
+        grad_out = torch.randn_like(out)
+        out.backward(grad_out)
+
+        dx = distribute_tensor(x.detach(), mesh, [Shard(last_dim)])
+        dx.requires_grad_()
+        dw = distribute_tensor(w.detach(), mesh, [Replicate()]).requires_grad_()
+        db = distribute_tensor(b.detach(), mesh, [Replicate()]).requires_grad_()
+        d_out = conv(dx, dw, db, stride=kernel_size)
+        self.assertEqual(d_out.placements, (Shard(last_dim),))
+        self.assertEqual(d_out.full_tensor(), out)
+        d_out.backward(distribute_tensor(grad_out, mesh, [Shard(last_dim)]))
+        self.assertEqual(dx.grad.placements, (Shard(last_dim),))
+        self.assertEqual(dx.grad.full_tensor(), x.grad)
+        self.assertEqual(dw.grad.full_tensor(), w.grad)
+        self.assertEqual(db.grad.full_tensor(), b.grad)
+
+    @with_comms
+    def test_conv2d_width_shard(self) -> None:
+        self._check_last_dim_shard((2, 3, 4, 8), (2, 2))
+
+    @with_comms
+    def test_conv1d_last_dim_shard(self) -> None:
+        self._check_last_dim_shard((2, 3, 12), (3,))
+
+
+TestDtensorConvBackwardWidthShardWithLocalTensor = create_local_tensor_test_class(
+    TestDtensorConvBackwardWidthShard
 )
 
 
