@@ -26,6 +26,7 @@ from ..series.versions import torch_version
 # Only what activation needs is imported here: `import torch_overlay` is on the path of every
 # job's `import torch` (README, Benchmarks); the rest is imported where it is first used.
 from .components import Component, Entry, group_components
+from .import_failures import FailedImports
 from .importhook import ImportHook
 
 if TYPE_CHECKING:
@@ -65,8 +66,7 @@ class Overlay:
         self._activated = False
         self._summary_logged = False
         self.problems: list[str] = []  # the series or a switch could not be read as given
-        # module -> what its patched code raised, until torch's own code has run (see _fallback)
-        self._raised: dict[str, str] = {}
+        self._imports = FailedImports(lambda entry, why: self._set(entry, PatchState.FAILED, why))
 
     @property
     def _cache(self) -> CodeCache:
@@ -204,7 +204,7 @@ class Overlay:
             if not component.decided:
                 self._decide(component, importing=name)
             self._raise_if_strict(component.entries)
-            self._raised.pop(name, None)  # a new try: an earlier failure was torch's own
+            self._imports.new_try(name)
             from .decider import plan_for_import
 
             plan, ready = plan_for_import(component, module, self._cache)
@@ -225,9 +225,7 @@ class Overlay:
             component = self._by_module.get(name)
             if component is None or not component.decided:
                 return
-            raised = self._raised.pop(name, None)
-            if raised is not None:  # torch's own code ran where the patched code raised: the patch is at fault
-                self._fail_plan(component, name, raised)
+            if self._imports.own_code_ran(component, name):  # the patched code raised: the patch failed
                 return
             plan = component.modules.get(name)
             if plan is None:
@@ -240,35 +238,11 @@ class Overlay:
             self._maybe_log_summary()
 
     def _fallback(self, module: types.ModuleType, exc: BaseException) -> bool:
-        """The patched source raised while the module executed: torch's own code runs instead.
-
-        Whose fault it was shows after: if torch's own code runs, the patch's (it fails, in
-        :meth:`_on_imported`); if that raises too, torch's own import failed (torch 2.13's circular
-        import of ``_aot_autograd.runtime_wrappers`` imported first on its own), and the patch
-        stays pending, to apply at the module's next import.
-        """
-        name, raised = module.__name__, f"{type(exc).__name__}: {exc}"
+        """The patched source raised while the module executed: its own code runs (:mod:`.import_failures`)."""
         retry = not self.config.strict and not isinstance(exc, (KeyboardInterrupt, SystemExit))
         with self._lock:
-            component = self._by_module.get(name)
-            plan = component.modules.get(name) if component else None
-            if component is None or plan is None:
-                return retry
-            if not retry:
-                self._fail_plan(component, name, raised)
-                return retry
-            self._raised[name] = raised
-            for entry in plan.entries:
-                entry.reason = (
-                    f"torch's own import of {name} failed ({raised}), without the patch too; "
-                    f"the patch applies at its next import"
-                )
-            return retry
-
-    def _fail_plan(self, component: Component, name: str, raised: str) -> None:
-        plan = component.modules.pop(name, None)
-        for entry in plan.entries if plan else []:
-            self._set(entry, PatchState.FAILED, f"the patched module raised {raised}")
+            self._imports.patched_code_raised(self._by_module.get(module.__name__), module.__name__, exc, retry)
+        return retry
 
     def _raise_if_strict(self, entries: list[Entry]) -> None:
         if not self.config.strict:
