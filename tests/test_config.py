@@ -1,11 +1,14 @@
 """Environment switches: one strict parser, problems collected on the Config."""
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from torch_overlay._config import Config, load_config, parse_switch
+from torch_overlay._config import Config, KNOWN_VARIABLES, load_config, parse_switch, REPORTED, SWITCHES
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("value", ["1", "true", "YES", " On ", "True"])
@@ -80,3 +83,33 @@ def test_new_fields_have_defaults(tmp_path):
     assert config.code_cache is True
     assert config.problems == ()
     assert config.cache_dir == load_config(os.environ).cache_dir
+
+
+def test_a_misspelled_variable_names_the_closest_known_one():
+    (problem,) = load_config({"TORCH_OVERLAY_DISABLED": "aot-fresh-alias-outputs"}).problems
+    assert problem.startswith("TORCH_OVERLAY_DISABLED is not a torch_overlay variable")
+    assert "did you mean TORCH_OVERLAY_DISABLE?" in problem
+
+
+def test_an_unknown_variable_far_from_any_lists_the_switches():
+    (problem,) = load_config({"TORCH_OVERLAY_XYZZY": "1"}).problems
+    assert "TORCH_OVERLAY_XYZZY" in problem and "did you mean" not in problem
+    assert "TORCH_OVERLAY_DISABLE" in problem and "TORCH_OVERLAY_STRICT" in problem
+
+
+def test_variables_of_build_sh_and_the_tests_are_known():
+    env = {name: "1" for name in KNOWN_VARIABLES}
+    assert load_config(env).problems == ()
+
+
+def test_every_variable_the_repository_reads_is_known():
+    # A variable read somewhere but missing here would be warned about as a typo.
+    read = re.compile(r"""(?:environ\.get\(|environ\[|getenv\()["'](TORCH_OVERLAY_[A-Z_]+)""")
+    python = [*REPO.glob("torch_overlay/**/*.py"), *REPO.glob("tests/**/*.py"), *REPO.glob("benchmarks/*.py")]
+    names = {m for f in python for m in read.findall(f.read_text(encoding="utf-8"))}
+    for script in (REPO / "build.sh", *(REPO / ".ci").glob("*")):  # any name a shell script mentions
+        names |= set(re.findall(r"TORCH_OVERLAY_[A-Z_]+", script.read_text(encoding="utf-8")))
+    assert {"TORCH_OVERLAY_CACHE_DIR", "TORCH_OVERLAY_VENVS", "TORCH_OVERLAY_TEST_LEG"} <= names
+    assert names <= KNOWN_VARIABLES, names - KNOWN_VARIABLES
+    # ... and one no longer read anywhere would hide a typo of its name.
+    assert KNOWN_VARIABLES - set(SWITCHES) - {REPORTED} <= names

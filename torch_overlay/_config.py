@@ -3,15 +3,46 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Config", "load_config", "parse_switch"]
+__all__ = [
+    "Config",
+    "KNOWN_VARIABLES",
+    "REPORTED",
+    "SWITCHES",
+    "closest",
+    "load_config",
+    "parse_switch",
+    "unknown_ids_problem",
+]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _ACCEPTED = f"{'/'.join(_TRUE)} or {'/'.join(_FALSE)} (any case)"
+
+# What the processes of a job already warned about (see engine/voice.py): set by the overlay itself.
+REPORTED = "TORCH_OVERLAY_REPORTED"
+# The switches a user sets; any other TORCH_OVERLAY_* variable is warned about as a likely typo.
+SWITCHES = (
+    "TORCH_OVERLAY",
+    "TORCH_OVERLAY_DISABLE",
+    "TORCH_OVERLAY_STRICT",
+    "TORCH_OVERLAY_PATCHES",
+    "TORCH_OVERLAY_CODE_CACHE",
+    "TORCH_OVERLAY_CACHE_DIR",
+    "TORCH_OVERLAY_CHILDREN",
+    "TORCH_OVERLAY_CHECK_RANKS",
+)
+# Read by build.sh, CI and the tests, not by the overlay: known, so never mistaken for a typo.
+_TOOLING = (
+    "TORCH_OVERLAY_VENVS",
+    "TORCH_OVERLAY_BASE_PYTHON",
+    "TORCH_OVERLAY_SKIP_WHEEL_TEST",
+    "TORCH_OVERLAY_TEST_LEG",
+)
+KNOWN_VARIABLES = frozenset((*SWITCHES, *_TOOLING, REPORTED))
 
 
 def default_cache_dir(env: Mapping[str, str]) -> Path:
@@ -33,8 +64,9 @@ class Config:
     code_cache: bool = True  # TORCH_OVERLAY_CODE_CACHE=0 compiles patched code in memory only
     children: bool = True  # TORCH_OVERLAY_CHILDREN=0: child Pythons do not inherit the overlay
     cache_dir: Path = field(default_factory=lambda: default_cache_dir(os.environ))
-    # One message per switch whose value was not understood (and what was done instead).
-    # load_config does not warn: the engine reports them once, or raises under strict.
+    # One message per switch whose value was not understood (and what was done instead), and per
+    # TORCH_OVERLAY_* variable that is no switch. load_config does not warn: the engine reports
+    # them once per job (engine/voice.py), or raises under strict.
     problems: tuple[str, ...] = ()
 
 
@@ -54,6 +86,26 @@ def parse_switch(name: str, value: str | None, default: bool) -> tuple[bool, str
     if word in _FALSE:
         return False, None
     return False, f"{name}={value!r} is not understood; accepted values: {_ACCEPTED}"
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice ``word`` most likely misspells, if any is close enough."""
+    import difflib  # only when something is misspelled: `import torch_overlay` stays light
+
+    matches = difflib.get_close_matches(word, list(choices), n=1)
+    return matches[0] if matches else None
+
+
+def _unknown_variables(env: Mapping[str, str]) -> list[str]:
+    prefix = "TORCH_OVERLAY_"
+    # Compared without the prefix they all share, which would make any two names look alike.
+    suffixes = [n[len(prefix) :] for n in KNOWN_VARIABLES if n.startswith(prefix)]
+    out = []
+    for name in sorted(n for n in env if n.startswith(prefix) and n not in KNOWN_VARIABLES):
+        guess = closest(name[len(prefix) :], suffixes)
+        hint = f"did you mean {prefix}{guess}?" if guess else f"the switches are {', '.join(SWITCHES)}"
+        out.append(f"{name} is not a torch_overlay variable and is ignored; {hint}")
+    return out
 
 
 def default_patches_dir() -> Path:
@@ -79,6 +131,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
     strict = switch("TORCH_OVERLAY_STRICT", False, "strict mode stays off")
     code_cache = switch("TORCH_OVERLAY_CODE_CACHE", True, "the code cache is off")
     children = switch("TORCH_OVERLAY_CHILDREN", True, "child processes do not inherit the overlay")
+    problems += _unknown_variables(env)
     disabled = frozenset(
         item.strip() for item in env.get("TORCH_OVERLAY_DISABLE", "").split(",") if item.strip()
     )
@@ -92,4 +145,18 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
         children=children,
         cache_dir=default_cache_dir(env),
         problems=tuple(problems),
+    )
+
+
+def unknown_ids_problem(disabled: frozenset[str], known: set[str]) -> str | None:
+    """The message for ids of ``TORCH_OVERLAY_DISABLE`` that no patch has, each with its closest id."""
+    named = []
+    for pid in sorted(disabled - known):
+        guess = closest(pid, known)
+        named.append(f"{pid} (did you mean {guess}?)" if guess else pid)
+    if not named:
+        return None
+    return (
+        f"TORCH_OVERLAY_DISABLE names unknown patch id(s) {', '.join(named)}, ignored; "
+        "`python -m torch_overlay status` lists the ids"
     )

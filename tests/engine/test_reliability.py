@@ -94,11 +94,11 @@ def test_an_unreadable_series_warns_and_status_fails(tmp_path, layout):
     assert strict.returncode == 1 and "OverlayError" in strict.stderr
 
 
-def test_an_unknown_disabled_id_warns_with_the_known_ids(sandbox, config):
+def test_an_unknown_disabled_id_warns_with_the_closest_known_id(sandbox, config):
     name, path = sandbox.module(MODULE)
     sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
     overlay = Overlay(config(disabled_ids=frozenset({"fxi"})))
-    with pytest.warns(UserWarning, match="unknown patch id.*fxi; known: fix"):
+    with pytest.warns(UserWarning, match=r"unknown patch id\(s\) fxi \(did you mean fix\?\)"):
         overlay.activate()
     overlay.revert()
 

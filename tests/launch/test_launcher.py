@@ -115,6 +115,34 @@ def test_a_missing_command_is_reported():
     assert proc.returncode == 127 and "command not found" in proc.stderr
 
 
+TINY_JOB = textwrap.dedent(
+    """
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_one_voice_per_job(tmp_path):
+    # The launcher, the torchrun agent and both ranks read the same switches: the launcher says
+    # each problem once, and none of the processes it starts repeats it.
+    env = {
+        "TORCH_OVERLAY": "flase",
+        "TORCH_OVERLAY_DISABLE": "aot-fresh-alias-output",
+        "TORCH_OVERLAY_DISABLED": "aot-fresh-alias-outputs",
+    }
+    proc = _torchrun(tmp_path, TINY_JOB, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-8000:]
+    assert out.count("TORCH_OVERLAY='flase' is not understood") == 1, out[-3000:]
+    assert out.count("TORCH_OVERLAY_DISABLE names unknown patch id") == 1, out[-3000:]
+    assert "did you mean aot-fresh-alias-outputs?" in out
+    assert out.count("TORCH_OVERLAY_DISABLED is not a torch_overlay variable") == 1, out[-3000:]
+    assert "did you mean TORCH_OVERLAY_DISABLE?" in out
+
+
 # Rank 1 pretends to run without one fix (as if TORCH_OVERLAY_DISABLE were set on its node).
 CHECK_SCRIPT = textwrap.dedent(
     """

@@ -16,9 +16,10 @@ import sys
 import threading
 import types
 import warnings
+from collections.abc import MutableMapping
 from typing import Any, TYPE_CHECKING
 
-from .._config import Config, load_config
+from .._config import Config, load_config, unknown_ids_problem
 from .._state import Mode, OverlayError, OverlayWarning, PatchState, PatchStatus
 from ..series.decide import decide_by_header
 from ..series.series import Patch, read_series, SeriesError
@@ -28,6 +29,7 @@ from ..series.versions import torch_version
 from .components import Component, Entry, group_components
 from .import_failures import FailedImports
 from .importhook import ImportHook
+from .voice import says
 
 if TYPE_CHECKING:
     from .codecache import CodeCache
@@ -56,6 +58,8 @@ def _short_hash(text: str) -> str:
 
 class Overlay:
     def __init__(self, config: Config | None = None) -> None:
+        # Only the process's own overlay (switches from os.environ) tells its children what it said.
+        self._environ: MutableMapping[str, str] | None = os.environ if config is None else None
         self.config = config or load_config()
         self._lock = threading.RLock()
         self._entries: list[Entry] = []
@@ -102,12 +106,9 @@ class Overlay:
                 self.report_problem(problem)
             self._entries = [Entry(p) for p in patches]
             known = {e.patch.id for e in self._entries}
-            unknown = sorted(self.config.disabled_ids - known)
+            unknown = unknown_ids_problem(self.config.disabled_ids, known)
             if unknown and patches:
-                self.report_problem(
-                    f"TORCH_OVERLAY_DISABLE names unknown patch id(s) {', '.join(unknown)}; "
-                    f"known: {', '.join(sorted(known))}"
-                )
+                self.report_problem(unknown)
             for entry in self._entries:
                 if entry.patch.error:
                     self._set(entry, PatchState.FAILED, f"malformed patch: {entry.patch.error}")
@@ -129,12 +130,13 @@ class Overlay:
             self._maybe_log_summary()
 
     def report_problem(self, message: str) -> None:
-        """Warn about something the overlay cannot do as configured (raise under strict)."""
+        """Warn about something the overlay cannot do as configured, once per job (raise under strict)."""
         self.problems.append(message)
         text = f"torch_overlay: {message}"
         if self.config.strict:
             raise OverlayError(text)
-        _warn(text, stacklevel=5)
+        if says(text, self._environ):
+            _warn(text, stacklevel=5)
 
     def _build_components(self) -> None:
         for component in group_components(self._entries, torch_version(), self._set):

@@ -1,0 +1,72 @@
+"""One voice per job: a problem of the switches is warned once, not by every process of a job.
+
+Each case is a fresh ``python -c "import torch_overlay"`` (no torch import), with the environment a
+launcher, a torchrun agent or a rank would have.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torch_overlay.engine import voice
+
+REPO = Path(__file__).resolve().parents[2]
+TYPO = "TORCH_OVERLAY='flase' is not understood"
+# Prints what this process passes on to its children.
+PROBE = f"import os, torch_overlay; print(os.environ.get({voice.REPORTED!r}, ''))"
+
+
+def _import(**env: str) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY") and k not in ("RANK", "LOCAL_RANK")}
+    full.update(PYTHONPATH=str(REPO), **env)
+    return subprocess.run([sys.executable, "-c", PROBE], env=full, capture_output=True, text=True, timeout=300)
+
+
+def test_a_single_process_always_says_it_and_marks_its_children():
+    proc = _import(TORCH_OVERLAY="flase")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count(TYPO) == 1
+    marker = proc.stdout.strip()
+    assert marker
+    # A child with that environment (an agent, a rank, a DataLoader worker) stays quiet ...
+    child = _import(TORCH_OVERLAY="flase", **{voice.REPORTED: marker})
+    assert TYPO not in child.stderr and child.stdout.strip() == marker
+    # ... but not about another value, which its parent never said.
+    other = _import(TORCH_OVERLAY="flasee", **{voice.REPORTED: marker})
+    assert "TORCH_OVERLAY='flasee' is not understood" in other.stderr
+
+
+@pytest.mark.parametrize(("rank_vars", "said"), [({"RANK": "0"}, True), ({"RANK": "1"}, False), ({"LOCAL_RANK": "3"}, False)])
+def test_under_torchrun_rank_0_says_it(rank_vars, said):
+    proc = _import(TORCH_OVERLAY="flase", **rank_vars)
+    assert (TYPO in proc.stderr) is said, proc.stderr
+
+
+def test_strict_still_raises_where_it_would_stay_quiet():
+    marker = _import(TORCH_OVERLAY_STRICT="1", TORCH_OVERLAY_DISABLED="x", RANK="1", **{voice.REPORTED: "whatever"})
+    assert marker.returncode != 0 and "OverlayError" in marker.stderr and "TORCH_OVERLAY_DISABLED" in marker.stderr
+
+
+def test_an_unknown_id_names_the_closest_one_not_all():
+    proc = _import(TORCH_OVERLAY_DISABLE="aot-fresh-alias-output")
+    (line,) = [l for l in proc.stderr.splitlines() if "TORCH_OVERLAY_DISABLE" in l]
+    assert "aot-fresh-alias-output (did you mean aot-fresh-alias-outputs?)" in line
+    assert "dtensor-new-factory-shard-partial" not in line  # the other ids are not listed
+
+
+def test_a_misspelled_variable_is_said():
+    proc = _import(TORCH_OVERLAY_DISABLED="aot-fresh-alias-outputs")
+    assert proc.stderr.count("TORCH_OVERLAY_DISABLED is not a torch_overlay variable") == 1
+    assert "did you mean TORCH_OVERLAY_DISABLE?" in proc.stderr
+
+
+def test_pass_on_keeps_what_the_parent_said():
+    environ = {voice.REPORTED: "a"}
+    voice.pass_on("one", environ)
+    voice.pass_on("one", environ)
+    keys = environ[voice.REPORTED].split(",")
+    assert keys[0] == "a" and len(keys) == 2
+    assert voice.said_elsewhere("one", environ) and not voice.said_elsewhere("two", environ)
