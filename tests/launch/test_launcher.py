@@ -120,6 +120,7 @@ TINY_JOB = textwrap.dedent(
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
+    dist.barrier()  # no rank leaves while another one still connects to it
     dist.destroy_process_group()
     """
 )
