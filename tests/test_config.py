@@ -99,6 +99,7 @@ def test_an_unknown_variable_far_from_any_lists_the_switches():
 
 def test_variables_of_build_sh_and_the_tests_are_known():
     env = {name: "1" for name in KNOWN_VARIABLES}
+    env["TORCH_OVERLAY_CHECK_RANKS"] = "fail"
     assert load_config(env).problems == ()
 
 
@@ -113,3 +114,19 @@ def test_every_variable_the_repository_reads_is_known():
     assert names <= KNOWN_VARIABLES, names - KNOWN_VARIABLES
     # ... and one no longer read anywhere would hide a typo of its name.
     assert KNOWN_VARIABLES - set(SWITCHES) - {REPORTED} <= names
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"), [(None, "off"), ("0", "off"), ("1", "warn"), ("warn", "warn"), ("FAIL", "fail")]
+)
+def test_check_ranks_modes(value, mode):
+    env = {} if value is None else {"TORCH_OVERLAY_CHECK_RANKS": value}
+    config = load_config(env)
+    assert (config.check_ranks, config.problems) == (mode, ())
+
+
+def test_check_ranks_not_understood_still_checks():
+    config = load_config({"TORCH_OVERLAY_CHECK_RANKS": "fial"})
+    assert config.check_ranks == "warn"
+    (problem,) = config.problems
+    assert "TORCH_OVERLAY_CHECK_RANKS='fial'" in problem and "warn, fail" in problem

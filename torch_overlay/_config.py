@@ -21,6 +21,7 @@ __all__ = [
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _ACCEPTED = f"{'/'.join(_TRUE)} or {'/'.join(_FALSE)} (any case)"
+_CHECK_RANKS_MODES = ("warn", "fail")
 
 # What the processes of a job already warned about (see engine/voice.py): set by the overlay itself.
 REPORTED = "TORCH_OVERLAY_REPORTED"
@@ -63,6 +64,7 @@ class Config:
     patches_dir: Path  # TORCH_OVERLAY_PATCHES=dir (default: the shipped series)
     code_cache: bool = True  # TORCH_OVERLAY_CODE_CACHE=0 compiles patched code in memory only
     children: bool = True  # TORCH_OVERLAY_CHILDREN=0: child Pythons do not inherit the overlay
+    check_ranks: str = "off"  # TORCH_OVERLAY_CHECK_RANKS=warn|fail (1 = warn): see checks/ranks_hook.py
     cache_dir: Path = field(default_factory=lambda: default_cache_dir(os.environ))
     # One message per switch whose value was not understood (and what was done instead), and per
     # TORCH_OVERLAY_* variable that is no switch. load_config does not warn: the engine reports
@@ -94,6 +96,20 @@ def closest(word: str, choices: Iterable[str]) -> str | None:
 
     matches = difflib.get_close_matches(word, list(choices), n=1)
     return matches[0] if matches else None
+
+
+def _check_ranks(value: str | None) -> tuple[str, str | None]:
+    """``TORCH_OVERLAY_CHECK_RANKS``: off, warn or fail; a value not understood still checks (warn)."""
+    word = (value or "").strip().lower()
+    if word in _CHECK_RANKS_MODES:
+        return word, None
+    on, problem = parse_switch("TORCH_OVERLAY_CHECK_RANKS", value, False)
+    if problem is None:
+        return ("warn" if on else "off"), None
+    return "warn", (
+        f"TORCH_OVERLAY_CHECK_RANKS={value!r} is not understood; accepted values: "
+        f"{', '.join(_CHECK_RANKS_MODES)}, or {_ACCEPTED}; the ranks are checked and a difference is warned about"
+    )
 
 
 def _unknown_variables(env: Mapping[str, str]) -> list[str]:
@@ -131,6 +147,8 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
     strict = switch("TORCH_OVERLAY_STRICT", False, "strict mode stays off")
     code_cache = switch("TORCH_OVERLAY_CODE_CACHE", True, "the code cache is off")
     children = switch("TORCH_OVERLAY_CHILDREN", True, "child processes do not inherit the overlay")
+    check_ranks, problem = _check_ranks(env.get("TORCH_OVERLAY_CHECK_RANKS"))
+    problems += [problem] if problem else []
     problems += _unknown_variables(env)
     disabled = frozenset(
         item.strip() for item in env.get("TORCH_OVERLAY_DISABLE", "").split(",") if item.strip()
@@ -143,6 +161,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
         patches_dir=Path(patches) if patches else default_patches_dir(),
         code_cache=code_cache,
         children=children,
+        check_ranks=check_ranks,
         cache_dir=default_cache_dir(env),
         problems=tuple(problems),
     )

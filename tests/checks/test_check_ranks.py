@@ -45,7 +45,7 @@ class CheckRanksTest(DTensorTestBase):
         self.assertEqual(report.entries[0].patches.keys(), {r.id for r in torch_overlay.status()})
         # Ranks that agree cost one all-gather of a hash.
         self.assertEqual((report.num_collectives, comm_mode.get_total_counts()), (1, 1))
-        self.assertIn("ranks agree (4 ranks)", str(report))
+        self.assertIn(f"ranks agree (4 ranks, {len(torch_overlay.status())} patches)", str(report))
 
     @with_comms
     def test_state_differs_on_one_rank(self) -> None:

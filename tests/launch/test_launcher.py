@@ -144,12 +144,23 @@ def test_one_voice_per_job(tmp_path):
     assert "did you mean TORCH_OVERLAY_DISABLE?" in out
 
 
+def test_help_says_what_check_ranks_does():
+    proc = subprocess.run(
+        [sys.executable, "-c", LAUNCH, "--help"], env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True
+    )
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    assert "--check-ranks=fail" in text and "OverlayError" in text and "TORCH_OVERLAY_STRICT=1" in text
+    assert "ranks agree" in text
+
+
 # Rank 1 pretends to run without one fix (as if TORCH_OVERLAY_DISABLE were set on its node).
 CHECK_SCRIPT = textwrap.dedent(
     """
-    import os, sys
+    import logging, os, sys
     import torch.distributed as dist
 
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     overlay = sys.modules["torch_overlay"]
     if os.environ["RANK"] == "1" and os.environ.get("MAKE_RANK_DIFFER"):
         real = overlay.status
@@ -167,15 +178,31 @@ CHECK_SCRIPT = textwrap.dedent(
 )
 
 
+def _lines(proc: subprocess.CompletedProcess, word: str) -> list[str]:
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if word in line]
+
+
 def test_check_ranks_after_init_process_group(tmp_path):
     agree = _torchrun(tmp_path, CHECK_SCRIPT, "--check-ranks")
     assert agree.returncode == 0, agree.stderr[-3000:]
     assert (tmp_path / "done-0").exists() and (tmp_path / "done-1").exists()
     assert "differ" not in agree.stderr
+    (line,) = _lines(agree, "ranks agree")
+    assert line.startswith("torch_overlay: ranks agree (2 ranks, ") and " patches)" in line
 
     differ = _torchrun(tmp_path, CHECK_SCRIPT, "--check-ranks", env={"MAKE_RANK_DIFFER": "1"})
     assert differ.returncode == 0, differ.stderr[-3000:]
-    assert "rank 1" in differ.stderr.lower() or "[1]" in differ.stderr, differ.stderr[-3000:]
+    (head,) = _lines(differ, "ranks differ")  # said once, by rank 0
+    assert head.startswith("torch_overlay: ranks differ: [1] of 2"), differ.stderr[-3000:]
+    (detail,) = _lines(differ, "rank 1: patch")
+    assert detail.startswith("torch_overlay:   rank 1: patch ") and " state disabled " in detail
+
+
+def test_check_ranks_fail_stops_the_job(tmp_path):
+    fail = _torchrun(tmp_path, CHECK_SCRIPT, "--check-ranks=fail", env={"MAKE_RANK_DIFFER": "1"})
+    assert fail.returncode != 0, fail.stderr[-3000:]
+    assert "OverlayError" in fail.stderr and "torch_overlay: ranks differ" in fail.stderr
+    assert not (tmp_path / "done-0").exists() and not (tmp_path / "done-1").exists()
 
     strict = _torchrun(
         tmp_path, CHECK_SCRIPT, "--check-ranks", env={"MAKE_RANK_DIFFER": "1", "TORCH_OVERLAY_STRICT": "1"}

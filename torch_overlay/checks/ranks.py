@@ -101,10 +101,7 @@ class RanksReport:
     def __str__(self) -> str:
         ref = next(e for e in self.entries if e.rank == self.reference_rank)
         if self.ok:
-            return (
-                f"ranks agree ({len(self.entries)} ranks): torch {ref.torch_version}, "
-                f"{len(ref.patches)} patches"
-            )
+            return f"ranks agree ({len(self.entries)} ranks, {len(ref.patches)} patches): torch {ref.torch_version}"
         head = (
             f"ranks differ: {list(self.differing_ranks)} of {len(self.entries)} "
             f"(reference: rank {self.reference_rank}, torch {ref.torch_version}):"

@@ -1,8 +1,10 @@
-"""``TORCH_OVERLAY_CHECK_RANKS=1`` (``torch-overlay-run --check-ranks``): compare the ranks once.
+"""``torch-overlay-run --check-ranks[=warn|fail]`` (``TORCH_OVERLAY_CHECK_RANKS``): compare the ranks once.
 
 Right after ``init_process_group`` returns, every rank runs :func:`torch_overlay.check_ranks` (one
-small all-gather) and, if the ranks run different torch builds or fixes, logs the report on every
-rank (raises :class:`torch_overlay.OverlayError` under ``TORCH_OVERLAY_STRICT=1``).
+small all-gather); the report is the same on every rank, so rank 0 alone says it, every line
+prefixed ``torch_overlay:``. Ranks that agree: one INFO line. Ranks that differ: a warning (``warn``),
+or :class:`torch_overlay.OverlayError` raised on every rank (``fail``, or ``TORCH_OVERLAY_STRICT=1``),
+which stops the job; raising on every rank, not only on rank 0, leaves no rank waiting in a collective.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ C10D = "torch.distributed.distributed_c10d"
 log = logging.getLogger("torch_overlay")
 
 
+def _prefixed(text: str) -> str:
+    return "\n".join(f"torch_overlay: {line}" for line in text.splitlines())
+
+
 def _wrap(module: Any) -> None:
     original = module.init_process_group
     if getattr(original, "_torch_overlay_checks_ranks", False):
@@ -28,10 +34,11 @@ def _wrap(module: Any) -> None:
         import torch_overlay
 
         report = torch_overlay.check_ranks()
-        if not report.ok:
-            if torch_overlay._overlay.config.strict:
-                raise torch_overlay.OverlayError(str(report))
-            log.warning("%s", report)
+        config = torch_overlay._overlay.config
+        if not report.ok and (config.check_ranks == "fail" or config.strict):
+            raise torch_overlay.OverlayError(_prefixed(str(report)))
+        if module.get_rank() == 0:
+            log.log(logging.INFO if report.ok else logging.WARNING, "%s", _prefixed(str(report)))
         return result
 
     init_process_group._torch_overlay_checks_ranks = True  # type: ignore[attr-defined]

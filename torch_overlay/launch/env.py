@@ -17,12 +17,15 @@ __all__ = ["BOOTSTRAP", "inherit", "launch_env"]
 BOOTSTRAP = Path(__file__).resolve().parent / "_bootstrap"
 
 
-def launch_env(environ: Mapping[str, str], *, check_ranks: bool = False) -> dict[str, str]:
-    """``environ`` with the bootstrap first on ``PYTHONPATH`` (and this package importable)."""
+def launch_env(environ: Mapping[str, str], *, check_ranks: str | None = None) -> dict[str, str]:
+    """``environ`` with the bootstrap first on ``PYTHONPATH`` (and this package importable).
+
+    ``check_ranks`` (``warn`` or ``fail``) sets ``TORCH_OVERLAY_CHECK_RANKS`` for every process.
+    """
     env = dict(environ)
     env["PYTHONPATH"] = _pythonpath(env.get("PYTHONPATH", ""))
     if check_ranks:
-        env["TORCH_OVERLAY_CHECK_RANKS"] = "1"
+        env["TORCH_OVERLAY_CHECK_RANKS"] = check_ranks
     return env
 
 

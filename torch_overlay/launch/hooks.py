@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
-
 __all__ = ["install"]
 
 
 def install() -> None:
-    """Nothing yet beyond the import; ``TORCH_OVERLAY_CHECK_RANKS`` hooks process-group setup."""
-    if os.environ.get("TORCH_OVERLAY_CHECK_RANKS", "").strip().lower() in ("1", "true", "yes", "on"):
+    """``TORCH_OVERLAY_CHECK_RANKS`` (warn or fail) hooks process-group setup; nothing else yet."""
+    import torch_overlay
+
+    if torch_overlay._overlay.config.check_ranks != "off":
         from ..checks.ranks_hook import install as install_check
 
         install_check()

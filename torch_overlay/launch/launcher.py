@@ -17,21 +17,39 @@ from .env import BOOTSTRAP, launch_env
 
 __all__ = ["launch_env", "main"]
 
+CHECK_RANKS_HELP = (
+    "compare the ranks right after init_process_group: each rank's torch build and overlay fixes "
+    "(one all-gather of 32 bytes per rank). Ranks that agree: rank 0 logs one INFO line "
+    "'torch_overlay: ranks agree (N ranks, M patches)'. Ranks that differ: with --check-ranks "
+    "(=warn) rank 0 warns which ranks differ and how, each line starting 'torch_overlay:', and the job "
+    "goes on; with --check-ranks=fail (or TORCH_OVERLAY_STRICT=1) every rank raises "
+    "torch_overlay.OverlayError and the job stops. A mode needs the '=' form"
+)
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The launcher's own options, and the command: from the first word that is not an option (or after ``--``)."""
+    for i, word in enumerate(argv):
+        if word == "--":
+            return argv[:i], argv[i + 1 :]
+        if not word.startswith("-"):
+            return argv[:i], argv[i:]
+    return argv, []
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="torch-overlay-run",
+        usage="%(prog)s [-h] [--check-ranks[=warn|fail]] [--] CMD [ARG ...]",
         description="Run CMD with torch_overlay imported first in every Python process it starts.",
-        epilog="example: torch-overlay-run torchrun --nproc_per_node 8 train.py --config x.toml",
+        epilog="example: torch-overlay-run --check-ranks=fail torchrun --nproc_per_node 8 train.py --config x.toml",
     )
+    # Only the `=` form takes a mode: `--check-ranks torchrun ...` must not read torchrun as one.
     parser.add_argument(
-        "--check-ranks",
-        action="store_true",
-        help="after init_process_group, check that every rank runs the same torch and fixes",
+        "--check-ranks", nargs="?", const="warn", choices=("warn", "fail"), metavar="=warn|fail", help=CHECK_RANKS_HELP
     )
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    options, command = _split(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(options)
     if not command:
         parser.error("no command given")
     if not (BOOTSTRAP / "sitecustomize.py").is_file():
@@ -45,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if executable is None:
         print(f"torch-overlay-run: {command[0]}: command not found", file=sys.stderr)
         return 127
+    # Built after `import torch_overlay` here: it carries what this process already warned about.
     env = launch_env(os.environ, check_ranks=args.check_ranks)
     sys.stdout.flush()
     sys.stderr.flush()
