@@ -40,5 +40,56 @@ TestDtensorForeachNormDtypeWithLocalTensor = create_local_tensor_test_class(
 )
 
 
+
+class TestDtensorIsAnyTrueStrategy(DTensorTestBase):
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    @with_comms
+    def test_is_any_true_placements(self):
+        mesh = self.build_device_mesh()
+        for placement in (Shard(0), Shard(1), Replicate()):
+            for hot in (None, (0, 1), (7, 3)):  # none, in rank 0's shard, in rank 1's
+                full = torch.zeros(8, 4, dtype=torch.bool, device=self.device_type)
+                if hot is not None:
+                    full[hot] = True
+                out = torch._is_any_true(distribute_tensor(full, mesh, [placement]))
+                self.assertEqual(out.full_tensor(), torch._is_any_true(full))
+
+    @with_comms
+    def test_detect_anomaly_backward(self):
+        mesh = self.build_device_mesh()
+        weight = torch.randn(8, 4, device=self.device_type)
+        dist_weight = distribute_tensor(weight, mesh, [Shard(0)]).requires_grad_()
+        with torch.autograd.detect_anomaly(check_nan=True):
+            (dist_weight * 2).sum().backward()
+        self.assertEqual(dist_weight.grad.full_tensor(), torch.full_like(weight, 2.0))
+
+    @with_comms
+    def test_detect_anomaly_finds_nan_in_its_shard(self):
+        # As without DTensor, each rank checks the gradients it holds: the rank
+        # whose shard has the NaN raises, the others go on.
+        mesh = self.build_device_mesh()
+        weight = torch.randn(8, 4, device=self.device_type)
+        scale = torch.ones(8, 4, device=self.device_type)
+        scale[7, 0] = float("nan")  # in the last rank's shard
+        dist_weight = distribute_tensor(weight, mesh, [Shard(0)]).requires_grad_()
+        dist_scale = distribute_tensor(scale, mesh, [Shard(0)])
+        with torch.autograd.detect_anomaly(check_nan=True):
+            loss = (dist_weight * dist_scale).sum()
+            if self.rank == self.world_size - 1:
+                with self.assertRaisesRegex(RuntimeError, "returned nan values"):
+                    loss.backward()
+            else:
+                loss.backward()
+                self.assertFalse(dist_weight.grad.to_local().isnan().any())
+
+# One process holds every rank: a NaN in one rank's shard cannot raise in that rank alone.
+TestDtensorIsAnyTrueStrategyWithLocalTensor = create_local_tensor_test_class(
+    TestDtensorIsAnyTrueStrategy,
+    skipped_tests=["test_detect_anomaly_finds_nan_in_its_shard"],
+)
+
 if __name__ == "__main__":
     run_tests()
