@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_explain)
     sub.add_parser(
-        "run", help="[--check-ranks] -- CMD ...: run CMD with torch_overlay imported first in every Python process"
+        "run", help="[--check-ranks[=warn|fail]] -- CMD ...: run CMD with torch_overlay imported first in every Python process"
     )
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["run"]:
