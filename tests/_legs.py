@@ -1,5 +1,5 @@
-"""CI runs the suite on three torch releases; tests that exercise no torch-specific code path and
-cost minutes (whole benchmarks, packaging round trips) run on one of them.
+"""CI runs the suite on three torch releases; tests that cost minutes and need only one torch (the
+benchmarks' smoke run, the known-bug signatures against every reproducer) run on one of them.
 
 ``.ci/run`` sets ``TORCH_OVERLAY_TEST_LEG=light`` on the other legs; a local ``./build.sh test``
 runs everything.

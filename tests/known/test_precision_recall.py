@@ -6,7 +6,7 @@ as that report; the ids are unique and every signature parses.
 
 The reproducers are each fix's ``Error-Test`` (or ``Quick-Test``) that the installed torch needs, in one pytest process
 with ``TORCH_OVERLAY=0`` (as ``verify --quick`` runs them), their exceptions captured as Python
-prints an uncaught one.
+prints an uncaught one. CI runs them on its 2.11.0 leg, where most bugs exist (tests/_legs.py).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests._legs import one_leg
 from torch_overlay._state import PatchState
 from torch_overlay.known.catalogue import load_catalogue
 from torch_overlay.known.explain import explain_log
@@ -81,6 +82,7 @@ def test_signatures_parse_and_ids_are_unique():
     assert len(ids) == len(set(ids))
 
 
+@one_leg
 @pytest.mark.parametrize("fix", FIXES, ids=lambda b: b.id)
 def test_reproducer_error_is_explained_as_its_fix_and_no_other(fix, without_overlay):
     node = _error_test(fix)
