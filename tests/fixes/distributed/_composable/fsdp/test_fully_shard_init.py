@@ -60,13 +60,14 @@ class TestFsdpSharedParamGroupingMessage(TestCase):
         fully_shard(model.lm_head, mesh=self.mesh)
         fully_shard(model, mesh=self.mesh)
         msg = (
-            "Parameter 'lm_head.weight' (the FSDP group of 'lm_head') is the same "
-            "parameter as 'embed.weight' (the FSDP group of 'embed'), but FSDP "
-            "shards each parameter in one group only. Pass the modules that use "
-            "it, 'embed' and 'lm_head', to one fully_shard([...]) call instead of "
-            "sharding them separately, or apply fully_shard only to their closest "
-            "common parent (the root module) and to no module below it that "
-            "contains either of them."
+            "Parameter 'lm_head.weight' is shared with a parameter already managed "
+            "by another FSDP group ('embed.weight', in the FSDP group of 'embed'; "
+            "'lm_head.weight' is in the FSDP group of 'lm_head'). For shared/tied "
+            "parameters, use fully_shard([module_a, module_b]) to place them in the "
+            "same FSDP group: pass 'embed' and 'lm_head' to one fully_shard([...]) "
+            "call instead of sharding them separately, or apply fully_shard only to "
+            "their closest common parent (the root module) and to no module below "
+            "it that contains either of them."
         )
         with self.assertRaisesRegex(ValueError, re.escape(msg)):
             model(torch.arange(4))
@@ -77,8 +78,8 @@ class TestFsdpSharedParamGroupingMessage(TestCase):
         fully_shard(model.lm_head, mesh=self.mesh)
         fully_shard(model, mesh=self.mesh)
         msg = (
-            "Parameter 'lm_head.weight' (the FSDP group of 'lm_head') is the same "
-            "parameter as 'embed.weight' (the root module's FSDP group)"
+            "another FSDP group ('embed.weight', in the root module's FSDP group; "
+            "'lm_head.weight' is in the FSDP group of 'lm_head')"
         )
         with self.assertRaisesRegex(ValueError, re.escape(msg)):
             model(torch.arange(4))
@@ -90,9 +91,9 @@ class TestFsdpSharedParamGroupingMessage(TestCase):
             fully_shard(block.mlp, mesh=self.mesh)
         fully_shard(model, mesh=self.mesh)
         msg = (
-            "Pass the modules that use it, '0.attn.0' and '0.mlp.0', to one "
-            "fully_shard([...]) call instead of sharding them separately, or apply "
-            "fully_shard only to their closest common parent ('0') and"
+            "pass '0.attn.0' and '0.mlp.0' to one fully_shard([...]) call instead "
+            "of sharding them separately, or apply fully_shard only to their "
+            "closest common parent ('0') and"
         )
         with self.assertRaisesRegex(ValueError, re.escape(msg)):
             model(torch.randn(2, 8))
