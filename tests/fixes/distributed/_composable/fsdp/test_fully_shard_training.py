@@ -2,6 +2,7 @@
 import torch_overlay  # noqa: F401  # torch_overlay: plumbing
 
 import copy
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -10,6 +11,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.debug import CommDebugMode
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     DTensorTestBase,
@@ -48,6 +50,19 @@ class _TwoBranches(nn.Module):
         return self.a(x), self.b(x) * self.scale
 
 
+# The text of the warning a rank gets when its backward skips a module whose
+# param group does not reduce-scatter unused parameters
+_UNUSED_WARNING = r".*set_reduce_scatter_unused_params\(True\)"
+
+
+def _unused_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [
+        str(w.message)
+        for w in caught
+        if "set_reduce_scatter_unused_params(True)" in str(w.message)
+    ]
+
+
 def _loss(
     outputs: tuple[torch.Tensor, ...], uses: tuple[bool, ...], reference: bool
 ) -> torch.Tensor:
@@ -67,10 +82,10 @@ class FullyShardUnusedTestCase(DTensorTestBase):
     def world_size(self) -> int:
         return 2
 
-    def _mesh(self) -> DeviceMesh:
+    def _mesh(self, timeout: timedelta = timedelta(seconds=30)) -> DeviceMesh:
         # A collective that no other rank issues fails within seconds rather
         # than hanging until the test harness gives up
-        group = dist.new_group(timeout=timedelta(seconds=30))
+        group = dist.new_group(timeout=timeout)
         return DeviceMesh.from_group(group, self.device_type)
 
     def _train(
@@ -156,11 +171,85 @@ class TestFsdpUnusedParamsBackwardOrder(FullyShardUnusedTestCase):
         self.assertEqual(grads, ref_grads)
 
 
-@skip_before("2.13", "the option is new in 2.13 (the overlay brings it to older torch)")
-class TestFsdpUnusedParamsBackwardOrderGuard(FullyShardUnusedTestCase):
-    """When every rank uses every output, reducing unused parameters changes
-    nothing: the gradients are bitwise those of the default configuration."""
+class TestFsdpUnusedParamsBackwardOrderWarning(FullyShardUnusedTestCase):
+    """
+    Without ``set_reduce_scatter_unused_params(True)``, a rank whose backward
+    does not reach the outputs of a module that ran forward skips that
+    module's collectives, which hangs the step if another rank uses it: the
+    rank is warned once, with the module's FQN and the option, before its
+    next collective.
+    """
 
+    def _sharded(self, model_cls: Callable[[], nn.Module], mesh: DeviceMesh) -> nn.Module:
+        torch.manual_seed(0)
+        model = model_cls().to(self.device_type)
+        for child in model.children():
+            fully_shard(child, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+
+    @with_comms
+    def test_warns_before_the_collective(self) -> None:
+        # Rank 1 drops b's output (the shape of the issue). It is warned in
+        # a's pre-backward, before its first collective of the backward, which
+        # would not match rank 0's. A filter that turns the warning into an
+        # error stops it there; rank 0 waits for it until the group's timeout
+        model = self._sharded(_TwoOutputs, self._mesh(timedelta(seconds=5)))
+        x = torch.randn(4, 6, device=self.device_type)
+        loss = _loss(model(x), (True, self.rank == 0), reference=False)
+        with warnings.catch_warnings(record=True) as caught, CommDebugMode() as comm:
+            warnings.simplefilter("always")
+            warnings.filterwarnings("error", message=_UNUSED_WARNING)
+            with self.assertRaises(Exception) as raised:
+                loss.backward()
+        if self.rank == 1:
+            self.assertIsInstance(raised.exception, UserWarning)
+            self.assertRegex(str(raised.exception), r"^FSDP module 'b' ")
+            self.assertEqual(comm.get_total_counts(), 0)
+        else:
+            self.assertNotIsInstance(raised.exception, Warning)
+            self.assertEqual(_unused_warnings(caught), [])
+
+    @with_comms
+    def test_warns_once_per_module(self) -> None:
+        # Every rank drops the same output, so the ranks' collectives match
+        # and the steps complete; the warning comes once, not every step. b
+        # is found in a's pre-backward, a (which ran forward first) in the
+        # final callback
+        mesh = self._mesh()
+        for model_cls, uses, fqn in (
+            (_TwoOutputs, (True, False), "b"),
+            (_TwoBranches, (False, True), "a"),
+        ):
+            model = self._sharded(model_cls, mesh)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for _ in range(2):
+                    x = torch.randn(4, 6, device=self.device_type)
+                    _loss(model(x), uses, reference=False).backward()
+            messages = _unused_warnings(caught)
+            self.assertEqual(len(messages), 1, messages)
+            self.assertRegex(messages[0], f"^FSDP module '{fqn}' ")
+
+
+class TestFsdpUnusedParamsBackwardOrderGuard(FullyShardUnusedTestCase):
+    """When every rank uses every output, nothing is warned about, and
+    reducing unused parameters changes nothing: the gradients are bitwise
+    those of the default configuration."""
+
+    @with_comms
+    def test_no_warning_when_every_output_is_used(self) -> None:
+        for model_cls in (_TwoOutputs, _TwoBranches):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                grads, ref_grads = self._train(
+                    model_cls,
+                    lambda rank: (True, True),
+                    reduce_scatter_unused_params=False,
+                )
+            self.assertEqual(_unused_warnings(caught), [])
+            self.assertEqual(grads, ref_grads)
+
+    @skip_before("2.13", "the option is new in 2.13 (the overlay brings it to older torch)")
     @with_comms
     def test_all_ranks_use_every_output(self) -> None:
         for model_cls in (_TwoOutputs, _TwoBranches):
