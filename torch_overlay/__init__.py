@@ -40,6 +40,11 @@ __all__ = [
 
 _overlay = Overlay()
 _overlay.activate()
+# Under TORCH_OVERLAY_STRICT=1 the warnings that the series adds to torch's code raise too.
+if _overlay.config.enabled and _overlay.config.strict:
+    from .engine.strict_warnings import install as _raise_patch_warnings
+
+    _raise_patch_warnings()
 # After a traceback, one line when the error is a known bug whose fix is not active here.
 _install_hint(_overlay)
 # Python processes started from here on import the overlay first, with this process's switches.
