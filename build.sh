@@ -5,7 +5,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 VENV_ROOT="${TORCH_OVERLAY_VENVS:-$HOME/.cache/torch_overlay/venvs}"
-DEPS=(expecttest hypothesis pytest numpy)
+DEPS=(expecttest hypothesis pytest numpy safetensors)
 # The interpreter that creates the private venvs.
 BASE_PYTHON="${TORCH_OVERLAY_BASE_PYTHON:-python3}"
 
@@ -103,7 +103,7 @@ create_venv() {
 
 # Install the missing test tools into interpreter $1 (described by $2).
 ensure_deps() {
-  "$1" -c "import expecttest, hypothesis, pytest, numpy" >/dev/null 2>&1 && return
+  "$1" -c "import expecttest, hypothesis, pytest, numpy, safetensors" >/dev/null 2>&1 && return
   echo "== installing the test tools (${DEPS[*]}) into $2: the tests need them" >&2
   "$1" -m pip install -q "${DEPS[@]}" >&2
 }

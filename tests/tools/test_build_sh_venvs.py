@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-TOOLS = ("expecttest", "hypothesis", "pytest", "numpy")
+TOOLS = ("expecttest", "hypothesis", "pytest", "numpy", "safetensors")
 
 
 def _digest(text: str) -> str:
