@@ -28,8 +28,9 @@ Usage: ./build.sh VERB [ARGS]
   stage PYTORCH_SRC [--branch NAME] [--out DIR]
                        one commit per patch with its upstream test and PR body, on a new branch
   (apply, wheel and stage take --patches DIR to use another series)
-  matrix [VERSIONS]     verify --quick on each supported torch (2.11.0 2.12.1 2.13.0 2.14.1 2.15.0),
-                       one after another in their private venvs; writes docs/matrix.md and fails
+  matrix [--out FILE] [VERSIONS]
+                       verify --quick on each supported torch (2.11.0 2.12.1 2.13.0 2.14.1 2.15.0),
+                       one after another in their private venvs; writes docs/matrix.md (or FILE) and fails
                        when a measured cell contradicts a patch's Affects/Introduced/Applied-Upstream
   compare TEST_FILE [--timeout S] [-- PYTEST ARGS]
                        run a test file (e.g. PyTorch's own, fetched into a scratch folder) without
@@ -151,6 +152,11 @@ cmd_demo() {
 SUPPORTED_VERSIONS=(2.11.0 2.12.1 2.13.0 2.14.1 2.15.0)
 
 cmd_matrix() {
+  local out="$ROOT/docs/matrix.md"
+  if [ "${1:-}" = --out ]; then
+    out="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
+    shift 2
+  fi
   local versions=("$@") reports v py rc=0
   [ ${#versions[@]} -gt 0 ] || versions=("${SUPPORTED_VERSIONS[@]}")
   reports="$(mktemp -d)"
@@ -161,7 +167,7 @@ cmd_matrix() {
     PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" -m torch_overlay verify --quick --needed --json \
       >"$reports/$v.verify.json" || true
   done
-  run_py -m torch_overlay.tools matrix "$reports"/*.json --out "$ROOT/docs/matrix.md" || rc=$?
+  run_py -m torch_overlay.tools matrix "$reports"/*.json --out "$out" || rc=$?
   rm -rf "$reports"
   return $rc
 }
