@@ -1,14 +1,12 @@
-"""The pieces of a diff, shared by the patch file that holds it and the hunks that parse and apply it:
-a file's hunks, the torch path a diff header names, and the error a malformed patch raises."""
+"""What the patch file (read at ``import torch_overlay``) and the hunks (parsed when a patch is
+decided) share: the torch path a diff header names, and the error a malformed patch raises. Kept
+apart and small: the hunk classes are built only when hunks are parsed."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from .._state import Target
-
-__all__ = ["diff_path", "FileDiff", "Hunk", "PatchParseError"]
+__all__ = ["diff_path", "PatchParseError"]
 
 
 class PatchParseError(ValueError):
@@ -30,31 +28,3 @@ def diff_path(path: str, lineno: int, source: Path) -> str:
     if not path.startswith("torch/"):
         raise PatchParseError(source, lineno, f"path {path!r} is outside the torch/ tree")
     return path
-
-
-@dataclass(frozen=True)
-class Hunk:
-    old_start: int
-    old_count: int
-    new_start: int
-    new_count: int
-    # (tag, text) with tag in " ", "-", "+"; text without its newline.
-    lines: tuple[tuple[str, str], ...]
-    lineno: int  # line of the "@@" header in the patch file
-
-    def side(self, reverse: bool = False) -> tuple[list[str], list[str]]:
-        """Return (lines to find, lines to put instead)."""
-        drop, add = ("+", "-") if reverse else ("-", "+")
-        before = [t for tag, t in self.lines if tag in (" ", drop)]
-        after = [t for tag, t in self.lines if tag in (" ", add)]
-        return before, after
-
-
-@dataclass(frozen=True)
-class FileDiff:
-    path: str  # repository-relative path, e.g. "torch/distributed/tensor/_api.py"
-    hunks: tuple[Hunk, ...]
-
-    @property
-    def target(self) -> Target:
-        return Target.from_path(self.path)

@@ -4,11 +4,41 @@ context, offsets allowed, no fuzz (``patch -F0``)."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
-from .diff_types import diff_path, FileDiff, Hunk, PatchParseError
+from .._state import Target
+from .diff_types import diff_path, PatchParseError
 
-__all__ = ["apply_file_diff", "HunkMismatch", "parse_diff"]
+
+@dataclass(frozen=True)
+class Hunk:
+    old_start: int
+    old_count: int
+    new_start: int
+    new_count: int
+    # (tag, text) with tag in " ", "-", "+"; text without its newline.
+    lines: tuple[tuple[str, str], ...]
+    lineno: int  # line of the "@@" header in the patch file
+
+    def side(self, reverse: bool = False) -> tuple[list[str], list[str]]:
+        """Return (lines to find, lines to put instead)."""
+        drop, add = ("+", "-") if reverse else ("-", "+")
+        before = [t for tag, t in self.lines if tag in (" ", drop)]
+        after = [t for tag, t in self.lines if tag in (" ", add)]
+        return before, after
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    path: str  # repository-relative path, e.g. "torch/distributed/tensor/_api.py"
+    hunks: tuple[Hunk, ...]
+
+    @property
+    def target(self) -> Target:
+        return Target.from_path(self.path)
+
+__all__ = ["apply_file_diff", "FileDiff", "Hunk", "HunkMismatch", "parse_diff"]
 
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .diff_types import diff_path, FileDiff, PatchParseError
+from .diff_types import diff_path, PatchParseError
+
+if TYPE_CHECKING:
+    from .hunks import FileDiff
 
 __all__ = ["PatchFile", "PatchParseError", "parse_patch"]
 
