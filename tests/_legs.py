@@ -2,7 +2,8 @@
 benchmarks' smoke run, the known-bug signatures against every reproducer) run on one of them.
 
 ``.ci/run`` sets ``TORCH_OVERLAY_TEST_LEG=light`` on the other legs; a local ``./build.sh test``
-runs everything.
+runs everything. On light legs ``tests/conftest.py`` also leaves out each multi-process fix class
+that has a one-process twin (``<Class>WithLocalTensor``): the twin runs there instead.
 """
 
 from __future__ import annotations

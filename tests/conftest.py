@@ -17,3 +17,18 @@ import torch_overlay  # noqa: E402, F401
 def pytest_unconfigure(config: object) -> None:
     if _MADE_CACHE is not None and os.getpid() == _OWNER:  # not in a forked worker
         shutil.rmtree(_MADE_CACHE, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config: object, items: list) -> None:
+    """On CI's light legs (tests/_legs.py), a multi-process class whose one-process twin
+    (``<Class>WithLocalTensor``) exists runs on the full leg only: the twin covers the same tests
+    on every torch, in one process."""
+    if os.environ.get("TORCH_OVERLAY_TEST_LEG") != "light":
+        return
+    import pytest
+
+    skip = pytest.mark.skip(reason="multi-process twin of a LocalTensor class: CI's full leg runs it")
+    for item in items:
+        cls = getattr(item, "cls", None)
+        if cls is not None and hasattr(item.module, f"{cls.__name__}WithLocalTensor"):
+            item.add_marker(skip)
