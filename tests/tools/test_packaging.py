@@ -72,9 +72,13 @@ def test_pip_install_then_torch_overlay_status_reads_the_packaged_series(install
         [venv / "bin" / "torch-overlay", "status"], capture_output=True, text=True, env=env, cwd=elsewhere
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    where = re.search(r"patches from (\S+)", proc.stdout).group(1)
+    # The first line names the series' folder (wrapped before a long path when the terminal is narrow).
+    where = re.search(r"patches from\s+(\S+)", proc.stdout).group(1)
     assert Path(where).is_relative_to(venv) and where.endswith("torch_overlay/patches"), where
-    listed = {line.split()[0] for line in proc.stdout.splitlines()[2:] if line[:1].isalnum()}
+    rows = subprocess.run(
+        [venv / "bin" / "torch-overlay", "status", "--json"], capture_output=True, text=True, env=env, cwd=elsewhere
+    )
+    listed = {row["id"] for row in json.loads(rows.stdout)["patches"]}
     assert listed == {p.id for p in read_series(REPO / "patches")}
 
     # One version source: the metadata pip recorded is the package's own __version__.

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._state import PatchState
-from ..series.decide import decide
+from ..series.decide import carried_stack, decide
 from ..series.patchfile import PatchParseError
 from .codecache import CodeCache
 from .components import Component, Entry, ModulePlan
@@ -53,6 +53,8 @@ def decide_component(
     signatures = {path: file_signature(file) for path, file in component.files.items()}
     texts = {path: file.read_text(encoding="utf-8") for path, file in component.files.items()}
     excluded: dict[int, str] = {}
+    pending = [e.patch for e in component.entries if e.state == PatchState.PENDING]
+    carried = carried_stack(pending, version, texts, python_only=True)
     while True:
         current = dict(texts)
         plans: list[tuple[Entry, list[SwapPlan]]] = []
@@ -69,7 +71,7 @@ def decide_component(
                 outcomes[id(entry)] = Outcome(PatchState.FAILED, excluded[id(entry)], entry.variant)
                 continue
             try:
-                decision = decide(entry.patch, version, current, python_only=True)
+                decision = carried.get(entry.patch.id) or decide(entry.patch, version, current, python_only=True)
             except PatchParseError as exc:  # its hunks are parsed only now
                 outcomes[id(entry)] = Outcome(PatchState.FAILED, f"malformed patch: {exc}", None)
                 continue

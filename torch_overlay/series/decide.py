@@ -7,6 +7,10 @@ without it fits any): if its reverse diff applies, the tree already has it (``up
 the first variant whose forward diff applies is used (``applied``). Failing both, a pre-release at
 or past ``Applied-Upstream`` has the fix by another change (``upstream``); anything else: ``drift``.
 
+Patches that change the same lines are a stack: in a tree that carries the whole series (a rebuilt
+wheel, an applied checkout) an earlier patch's reverse diff applies only once the later ones are
+taken off. :func:`carried_stack` walks the series from its end to find them.
+
 A variant may change C++ sources (``torch/csrc/...``) as well as Python files. A source checkout
 takes every hunk. The runtime overlay and a rebuilt wheel (``python_only``) only have the Python
 files: they decide on those, and a patch whose fitting variants change no Python file is
@@ -18,12 +22,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from .diff_types import PatchParseError
 from .patchfile import PatchFile
 from .series import Patch
 from .._state import PatchState
 from .versions import parse_version, version_in
 
-__all__ = ["apply_variant", "decide", "decide_by_header", "Decision", "fitting_variants"]
+__all__ = ["apply_variant", "carried_stack", "decide", "decide_by_header", "Decision", "fitting_variants"]
 
 _PRE_RELEASE = re.compile(r"^\s*\d+(\.\d+)*\.?(a|b|rc|dev|alpha|beta)", re.I)
 
@@ -118,3 +123,32 @@ def decide(patch: Patch, version: str, texts: dict[str, str], *, python_only: bo
     names = ", ".join(v.path.name for v in variants)
     why = f"{', '.join(sorted(missing))} missing" if missing else "torch changed around the fix"
     return Decision(PatchState.DRIFT, f"no variant fits torch {version} ({names}): {why}")
+
+
+def carried_stack(
+    patches: list[Patch], version: str, texts: dict[str, str], *, python_only: bool = False
+) -> dict[str, Decision]:
+    """By patch id, the ``upstream`` decision of each patch ``texts`` already carry as a stack.
+
+    From the last patch to the first, a patch whose reverse diff applies to the texts with the
+    later carried patches taken off is carried. Patches the header decides are left out.
+    """
+    from .hunks import HunkMismatch
+
+    carried: dict[str, Decision] = {}
+    current = dict(texts)
+    for patch in reversed(patches):
+        if decide_by_header(patch, version) is not None:
+            continue
+        for variant in fitting_variants(patch, version):
+            paths = variant.python_paths if python_only else variant.paths
+            if not paths or any(p not in current for p in paths):
+                continue
+            try:
+                current = apply_variant(variant, current, reverse=True, python_only=python_only)
+            except (HunkMismatch, PatchParseError):  # a malformed patch fails its own decision
+                continue
+            reason = f"torch {version} already has this change ({variant.path.name} reverse-applies)"
+            carried[patch.id] = Decision(PatchState.UPSTREAM, reason, variant)
+            break
+    return carried

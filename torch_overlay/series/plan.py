@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .decide import apply_variant, decide
+from .decide import apply_variant, carried_stack, decide
 from .patchfile import PatchFile
 from .series import Patch, read_series, SeriesError
 from .._state import PatchState
@@ -87,7 +87,12 @@ def plan_series(
                 before[path] = text
     texts = dict(before)
     steps = []
+    carried = carried_stack(patches, version, before, python_only=python_only)
     for patch in patches:
+        if patch.id in carried:
+            decision = carried[patch.id]
+            steps.append(Step(patch, decision.state, decision.reason, decision.variant))
+            continue
         step = _decide(patch, version, texts, python_only)
         if step.state == PatchState.APPLIED:
             texts = apply_variant(step.variant, texts, python_only=python_only)
