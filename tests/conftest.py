@@ -20,15 +20,14 @@ def pytest_unconfigure(config: object) -> None:
 
 
 def pytest_collection_modifyitems(config: object, items: list) -> None:
-    """On CI's light legs (tests/_legs.py), a multi-process class whose one-process twin
-    (``<Class>WithLocalTensor``) exists runs on the full leg only: the twin covers the same tests
-    on every torch, in one process."""
-    if os.environ.get("TORCH_OVERLAY_TEST_LEG") != "light":
+    """On CI's light legs (tests/_legs.py) only what can differ from one torch to another runs."""
+    from tests._legs import LIGHT, light_leg_skip
+
+    if not LIGHT:
         return
     import pytest
 
-    skip = pytest.mark.skip(reason="multi-process twin of a LocalTensor class: CI's full leg runs it")
     for item in items:
-        cls = getattr(item, "cls", None)
-        if cls is not None and hasattr(item.module, f"{cls.__name__}WithLocalTensor"):
-            item.add_marker(skip)
+        reason = light_leg_skip(item.nodeid)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
