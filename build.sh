@@ -28,10 +28,11 @@ Usage: ./build.sh VERB [ARGS]
   stage PYTORCH_SRC [--branch NAME] [--out DIR]
                        one commit per patch with its upstream test and PR body, on a new branch
   (apply, wheel and stage take --patches DIR to use another series)
-  matrix [--out FILE] [VERSIONS]
+  matrix [--out FILE] [--ids ID,...] [VERSIONS]
                        verify --quick on each supported torch (2.11.0 2.12.1 2.13.0 2.14.1 2.15.0),
                        one after another in their private venvs; writes docs/matrix.md (or FILE) and fails
                        when a measured cell contradicts a patch's Affects/Introduced/Applied-Upstream
+                       (--ids: verify only those fixes; the others read "not run")
   compare TEST_FILE [--timeout S] [-- PYTEST ARGS]
                        run a test file (e.g. PyTorch's own, fetched into a scratch folder) without
                        and with the overlay; list every test whose outcome differs (exit 1 if a
@@ -153,10 +154,20 @@ SUPPORTED_VERSIONS=(2.11.0 2.12.1 2.13.0 2.14.1 2.15.0)
 
 cmd_matrix() {
   local out="$ROOT/docs/matrix.md"
-  if [ "${1:-}" = --out ]; then
-    out="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
-    shift 2
-  fi
+  local ids=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --out)
+        out="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
+        shift 2
+        ;;
+      --ids)
+        IFS=, read -ra ids <<<"$2"
+        shift 2
+        ;;
+      *) break ;;
+    esac
+  done
   local versions=("$@") reports v py rc=0
   [ ${#versions[@]} -gt 0 ] || versions=("${SUPPORTED_VERSIONS[@]}")
   reports="$(mktemp -d)"
@@ -165,7 +176,7 @@ cmd_matrix() {
     py="$(TORCH_VERSION="$v" python_for_version)"
     PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" -m torch_overlay status --json >"$reports/$v.status.json" || true
     PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" -m torch_overlay verify --quick --needed --json \
-      >"$reports/$v.verify.json" || true
+      ${ids[@]+"${ids[@]}"} >"$reports/$v.verify.json" || true
   done
   run_py -m torch_overlay.tools matrix "$reports"/*.json --out "$out" || rc=$?
   rm -rf "$reports"
