@@ -18,13 +18,16 @@ Each arm is a subprocess, the arms alternate over the rounds, the fastest round 
 the worker) is kept. Every arm
 must end with the same gradients, bit for bit, and warn about nothing (a warning is an error in
 the worker). `--smoke` runs one round of a few steps: that the benchmark runs and the gradients
-match, not what it measures.
+match, not what it measures. `--instructions` counts each step's instructions with callgrind instead
+(without and with the overlay): on a shared machine CPU time moves by +-15% between two processes of
+the same arm, instruction counts do not.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -34,7 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 FIX_ID = "fsdp-unused-params-backward-order"
 SMOKE = "--smoke" in sys.argv[1:]
 ROUNDS = 1 if SMOKE else 5
-STEPS = 3 if SMOKE else 100
+STEPS = int(os.environ.get("BENCH_FSDP_STEPS", 3 if SMOKE else 100))
+# --instructions: callgrind's count of the timed steps, (I(long) - I(short)) / (long - short) steps
+# per arm: deterministic, where CPU time moves by +-15% between processes of one arm on this machine.
+INSTRUCTION_STEPS = (5, 25)
 ARMS = {
     "no overlay": {"TORCH_OVERLAY": "0"},
     "fix disabled": {"TORCH_OVERLAY_DISABLE": FIX_ID},
@@ -88,6 +94,29 @@ def _worker() -> None:
     print(json.dumps({"step": per_step, "digest": digest.hexdigest(), "torch": torch.__version__}))
 
 
+def _instructions(arm_env: dict[str, str], steps: int) -> int:
+    """Instructions callgrind counts for a worker that times ``steps`` steps (the whole process)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_OVERLAY", "TORCH_OVERLAY_DISABLE")}
+    fixed = {"PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    env.update(arm_env, BENCH_FSDP_STEPS=str(steps), **fixed)
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__, "--worker"],
+        env=env, capture_output=True, text=True, check=True,
+    )
+    return int(re.search(r"Collected : (\d+)", out.stderr).group(1))
+
+
+def instructions() -> None:
+    short, long = INSTRUCTION_STEPS
+    per_step = {}
+    for arm in ("no overlay", "overlay"):
+        per_step[arm] = (_instructions(ARMS[arm], long) - _instructions(ARMS[arm], short)) / (long - short)
+    print(f"FSDP2 step, callgrind instructions per step ({long} - {short} steps, PYTHONHASHSEED=0, 1 thread)")
+    for arm, count in per_step.items():
+        print(f"  {arm:14s}{count / 1e6:10.2f} M")
+    print(f"  overlay / no overlay: {per_step['overlay'] / per_step['no overlay']:.4f}")
+
+
 def main() -> None:
     best: dict[str, float] = {}
     digests: dict[str, set[str]] = {arm: set() for arm in ARMS}
@@ -118,5 +147,7 @@ def main() -> None:
 if __name__ == "__main__":
     if "--worker" in sys.argv[1:]:
         _worker()
+    elif "--instructions" in sys.argv[1:]:
+        instructions()
     else:
         main()
