@@ -34,6 +34,10 @@ def test_fixed_by_the_overlay():
 
 def test_the_launcher_imported_the_overlay_first():
     assert "torch_overlay" in sys.modules
+
+
+def test_broken_either_way():
+    assert False
 '''
 
 
@@ -48,11 +52,13 @@ def test_lists_what_changed_and_fails_on_a_regression(test_file: Path) -> None:
     out = io.StringIO()
     assert run_compare(test_file, out=out) == 1
     text = out.getvalue()
-    assert "without the overlay: 3 pass, 1 fail, 0 error, 0 skipped" in text
-    assert "with the overlay: 3 pass, 1 fail, 0 error, 0 skipped" in text
+    assert "without the overlay: 3 pass, 2 fail, 0 error, 0 skipped" in text
+    assert "with the overlay: 3 pass, 2 fail, 0 error, 0 skipped" in text
     assert "REGRESSION test_upstream_like::test_broken_by_the_overlay: pass -> fail" in text
     assert "  test_upstream_like::test_fixed_by_the_overlay: fail -> pass" in text
     assert "test_same" not in text and "launcher" not in text
+    # a test that fails either way is named, apart from the differences
+    assert "failing without and with the overlay (1):\n  test_upstream_like::test_broken_either_way: fail\n" in text
 
 
 def test_no_difference_exits_0(test_file: Path) -> None:

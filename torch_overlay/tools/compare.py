@@ -116,6 +116,11 @@ def run_compare(
     }
     for name, c in counts.items():
         out.write(f"{name} the overlay: " + ", ".join(f"{n} {s}" for s, n in c.items()) + "\n")
+    # Tests that fail either way say something about the test file and this torch, not the overlay
+    both = sorted(t for t, v in without.items() if v in ("fail", "error") and with_.get(t) == v)
+    if both:
+        out.write(f"failing without and with the overlay ({len(both)}):\n")
+        out.writelines(f"  {test}: {without[test]}\n" for test in both)
     if not diffs:
         out.write(f"no test of {test_file.name} changes outcome with the overlay ({len(without)} tests)\n")
         return 0
