@@ -59,11 +59,10 @@ class TestFsdpGlooGradientDivideFactor(DTensorTestBase):
         with CommDebugMode() as comm_mode:
             model(x).sum().backward()
         # one reduce-scatter per FSDP group, no extra collective
+        counts = comm_mode.get_comm_counts()
         self.assertEqual(
-            comm_mode.get_comm_counts()[
-                torch.ops.c10d_functional.reduce_scatter_tensor
-            ]
-            + comm_mode.get_comm_counts()[torch.ops.c10d._reduce_scatter_base_],
+            counts[torch.ops.c10d_functional.reduce_scatter_tensor]
+            + counts[torch.ops.c10d._reduce_scatter_base_],
             3,
         )
 
