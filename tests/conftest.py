@@ -8,6 +8,8 @@ _MADE_CACHE = None if "TORCH_OVERLAY_CACHE_DIR" in os.environ else tempfile.mkdt
 if _MADE_CACHE is not None:
     os.environ["TORCH_OVERLAY_CACHE_DIR"] = _MADE_CACHE
 _OWNER = os.getpid()
+# The job's lines (which torch, which fixes) are for jobs; the tests that check them unset this.
+os.environ.setdefault("TORCH_OVERLAY_QUIET", "1")
 
 # The overlay first, as a training job imports it: a test module that imports torch's internals
 # before torch_overlay would otherwise leave every later module's patches on the late path.

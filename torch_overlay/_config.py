@@ -35,6 +35,7 @@ SWITCHES = (
     "TORCH_OVERLAY_CACHE_DIR",
     "TORCH_OVERLAY_CHILDREN",
     "TORCH_OVERLAY_CHECK_RANKS",
+    "TORCH_OVERLAY_QUIET",
 )
 # Read by build.sh, CI and the tests, not by the overlay: known, so never mistaken for a typo.
 _TOOLING = (
@@ -65,6 +66,7 @@ class Config:
     code_cache: bool = True  # TORCH_OVERLAY_CODE_CACHE=0 compiles patched code in memory only
     children: bool = True  # TORCH_OVERLAY_CHILDREN=0: child Pythons do not inherit the overlay
     check_ranks: str = "off"  # TORCH_OVERLAY_CHECK_RANKS=warn|fail (1 = warn): see checks/ranks_hook.py
+    quiet: bool = False  # TORCH_OVERLAY_QUIET=1: no job lines (which torch, which fixes); warnings stay
     cache_dir: Path = field(default_factory=lambda: default_cache_dir(os.environ))
     # One message per switch whose value was not understood (and what was done instead), and per
     # TORCH_OVERLAY_* variable that is no switch. load_config does not warn: the engine reports
@@ -147,6 +149,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
     strict = switch("TORCH_OVERLAY_STRICT", False, "strict mode stays off")
     code_cache = switch("TORCH_OVERLAY_CODE_CACHE", True, "the code cache is off")
     children = switch("TORCH_OVERLAY_CHILDREN", True, "child processes do not inherit the overlay")
+    quiet = switch("TORCH_OVERLAY_QUIET", False, "the job's lines are shown")
     check_ranks, problem = _check_ranks(env.get("TORCH_OVERLAY_CHECK_RANKS"))
     problems += [problem] if problem else []
     problems += _unknown_variables(env)
@@ -162,6 +165,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
         code_cache=code_cache,
         children=children,
         check_ranks=check_ranks,
+        quiet=quiet,
         cache_dir=default_cache_dir(env),
         problems=tuple(problems),
     )

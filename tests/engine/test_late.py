@@ -107,9 +107,8 @@ def test_a_shape_changing_patch_after_a_late_import_fails_whole(sandbox, config,
         overlay.activate()
     st = _state(overlay, "shaped")
     assert st.state == "failed"
-    assert st.reason.startswith(
-        f"{name} was imported before torch_overlay; import torch_overlay first or use the launcher"
-    )
+    assert st.reason.startswith(f"imported too late: {name} was imported before torch_overlay: ")
+    assert "import torch_overlay before `import torch`" in st.reason and "torch-overlay-run" in st.reason
     assert mod.describe(mod.Info("x")) == "x" and not hasattr(mod.Box, "twice")  # untouched
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch_overlay
 
-from .report import format_status, status_summary, to_json, wrap
+from .report import format_late_imports, format_status, status_summary, to_json, wrap
 from .verify import format_verdicts, needed_ids, verify
 from .._version import __version__
 from ..series.versions import torch_version
@@ -44,6 +44,43 @@ def _import_targets() -> None:
                 print(f"note: cannot import {name}: {exc}", file=sys.stderr)
 
 
+# Run in a fresh Python: `import torch` first, then the overlay, as a script that imports it too late.
+_LATE_PROBE = """
+import json, sys
+import torch
+import torch_overlay
+loaded = sorted(m for m in torch_overlay._overlay._by_module if m in sys.modules)
+rows = [r for r in torch_overlay.status() if r.state == "applied" and r.mode == "swapped" or r.state == "failed"]
+print(json.dumps({"loaded": loaded, "rows": [[r.id, str(r.state), r.reason] for r in rows]}))
+"""
+
+
+def late_import_probe() -> dict[str, object] | None:
+    """What importing torch before torch_overlay does here, measured in a fresh Python: the patched
+    modules ``import torch`` loads, the fixes it costs and those swapped in late; None if it cannot run."""
+    import subprocess
+
+    from ..launch.env import BOOTSTRAP
+
+    env = dict(os.environ, TORCH_OVERLAY_QUIET="1")
+    # This process's bootstrap would import the overlay first; the probe needs only the package.
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p) != BOOTSTRAP]
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(torch_overlay.__file__).resolve().parents[1]), *rest])
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", _LATE_PROBE], env=env, capture_output=True, text=True, timeout=300
+        )
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    late = "imported too late"
+    return {
+        "imported_by_import_torch": found["loaded"],
+        "lost": [pid for pid, state, reason in found["rows"] if state == "failed" and reason.startswith(late)],
+        "swapped": [pid for pid, state, _ in found["rows"] if state == "applied"],
+    }
+
+
 def _can_import(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -56,14 +93,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         _import_targets()
     rows = torch_overlay.status()
     problems = torch_overlay._overlay.problems
+    probe = None if args.lazy or not torch_overlay._overlay.config.enabled else late_import_probe()
     if args.json:
-        print(to_json(rows, torch=torch_version()))
+        print(to_json(rows, torch=torch_version(), **({"late_import": probe} if probe is not None else {})))
     else:
         width = shutil.get_terminal_size((120, 24)).columns
         patches = {p.id: p for p in torch_overlay._overlay.patches()}
         where = f"torch {torch_version()}; patches from {torch_overlay._overlay.config.patches_dir}"
         print("\n".join(wrap(where, width)))
         print(format_status(rows, patches, width))
+        if probe is not None:
+            print("\n".join(wrap(format_late_imports(probe), width)))
         print(status_summary(rows, len(problems)))
     for problem in problems:
         print(f"problem: {problem}", file=sys.stderr)
@@ -159,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         "run", help="[--check-ranks[=warn|fail]] -- CMD ...: run CMD with torch_overlay imported first in every Python process"
     )
     argv = sys.argv[1:] if argv is None else argv
+    # The job's lines are for a job: `status` imports torch here to report, not to train.
+    torch_overlay._overlay.job_lines = False
     if argv[:1] == ["run"]:
         from ..launch.launcher import main as launch  # its own options; everything after them is the command
 

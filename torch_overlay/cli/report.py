@@ -10,7 +10,7 @@ from .._state import PatchState, PatchStatus
 from ..series.series import Patch
 from ..series.versions import parse_version
 
-__all__ = ["affected_span", "format_status", "short_bug", "status_summary", "to_json", "why_needed", "wrap"]
+__all__ = ["affected_span", "format_late_imports", "format_status", "short_bug", "status_summary", "to_json", "why_needed", "wrap"]
 
 # The states whose row says why the fix matters for this torch (the patch's fields); the others
 # say why it does not apply here (the engine's reason).
@@ -148,3 +148,19 @@ def status_summary(rows: list[PatchStatus], problems: int) -> str:
     states = ", ".join(f"{counts[s]} {s}" for s in PatchState if counts[s])
     bad = problems + sum(counts[s] for s in _PROBLEMS)
     return f"{len(rows)} patches: {states or 'none'}; {bad} problem{'' if bad == 1 else 's'}"
+
+
+def format_late_imports(probe: dict) -> str:
+    """What a script that imports torch before torch_overlay loses here (``late_import_probe``)."""
+    loaded, lost, swapped = probe["imported_by_import_torch"], probe["lost"], probe["swapped"]
+    text = (
+        "import order: put `import torch_overlay` before `import torch`: a plain `import torch` imports "
+        f"{', '.join(loaded) or 'no patched module'}"
+    )
+    if lost:
+        text += f"; importing torch first costs {', '.join(lost)} (imported too late)"
+    else:
+        text += "; importing torch first costs no fix on this torch (torch's other modules still would)"
+    if swapped:
+        text += f" ({', '.join(swapped)} still applies: its changed functions are swapped in)"
+    return text + ". torch-overlay-run imports the overlay first in every process of a job."

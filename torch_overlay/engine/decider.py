@@ -23,11 +23,18 @@ from .outcome import Outcome
 if TYPE_CHECKING:
     from .codeswap import SwapPlan
 
-__all__ = ["decide_component", "LATE_IMPORT", "plan_for_import", "texts_of"]
+__all__ = ["decide_component", "LATE_DEPENDENT", "LATE_IMPORT", "LATE_REMEDY", "plan_for_import", "texts_of"]
 
-LATE_IMPORT = (
-    "{module} was imported before torch_overlay; import torch_overlay first or use the launcher "
-    "(python -m torch_overlay run -- ...)"
+# A patch lost because its module ran before the overlay: "imported too late" with the remedy,
+# never drift (drift tells the user that torch changed and the fix is no longer to be trusted).
+LATE_REMEDY = (
+    "import torch_overlay before `import torch` (which imports some patched modules itself), or start "
+    "the job with torch-overlay-run"
+)
+LATE_IMPORT = "imported too late: {module} was imported before torch_overlay: {why}; " + LATE_REMEDY
+LATE_DEPENDENT = (
+    "imported too late: it applies on top of {earlier}, lost because {module} was imported before "
+    "torch_overlay; " + LATE_REMEDY
 )
 
 
@@ -57,6 +64,10 @@ def decide_component(
     carried = carried_stack(pending, version, texts, python_only=True)
     while True:
         current = dict(texts)
+        # The texts as if no patch had been lost to a late import: a later patch of the same file
+        # written on top of a lost one fits these, not ``current``, and is lost to that import too.
+        ideal: dict[str, str] | None = None
+        lost: dict[str, str] = {}  # id of a patch lost to a late import -> the module
         plans: list[tuple[Entry, list[SwapPlan]]] = []
         modules = {
             t.module: ModulePlan(t, component.files[p], signatures[p], known_base=texts[p])
@@ -75,6 +86,16 @@ def decide_component(
             except PatchParseError as exc:  # its hunks are parsed only now
                 outcomes[id(entry)] = Outcome(PatchState.FAILED, f"malformed patch: {exc}", None)
                 continue
+            if ideal is not None:
+                on_ideal = decide(entry.patch, version, ideal, python_only=True)
+                if on_ideal.state == PatchState.APPLIED:
+                    ideal = on_ideal.texts
+                    if decision.state != PatchState.APPLIED:
+                        mine = {t.module for t in entry.targets}
+                        earlier, module = next(((i, m) for i, m in lost.items() if m in mine), next(iter(lost.items())))
+                        reason = LATE_DEPENDENT.format(earlier=earlier, module=module)
+                        outcomes[id(entry)] = Outcome(PatchState.FAILED, reason, on_ideal.variant)
+                        continue
             if decision.state != PatchState.APPLIED:
                 outcomes[id(entry)] = Outcome(decision.state, decision.reason, decision.variant)
                 continue
@@ -94,8 +115,11 @@ def decide_component(
                 ]
             except CodeSwapError as exc:
                 module = component.targets[late[0]].module
-                reason = f"{LATE_IMPORT.format(module=module)}: {exc}"
+                reason = LATE_IMPORT.format(module=module, why=exc)
                 outcomes[id(entry)] = Outcome(PatchState.FAILED, reason, decision.variant)
+                if ideal is None:
+                    ideal = decision.texts
+                lost.setdefault(entry.patch.id, module)
                 continue
             plans.append((entry, swaps))
             current = decision.texts

@@ -15,12 +15,12 @@ import os
 import sys
 import threading
 import types
-import warnings
+from collections import Counter
 from collections.abc import MutableMapping
 from typing import Any, TYPE_CHECKING
 
 from .._config import Config, load_config, unknown_ids_problem
-from .._state import Mode, OverlayError, OverlayWarning, PatchState, PatchStatus
+from .._state import Mode, OverlayError, PatchState, PatchStatus
 from ..series.decide import decide_by_header
 from ..series.series import Patch, read_series, SeriesError
 from ..series.versions import torch_version
@@ -29,7 +29,7 @@ from ..series.versions import torch_version
 from .components import Component, Entry, group_components
 from .import_failures import FailedImports
 from .importhook import ImportHook
-from .voice import says
+from .voice import claim_exit_line, says, tell, warn
 
 if TYPE_CHECKING:
     from .codecache import CodeCache
@@ -40,14 +40,10 @@ __all__ = ["Overlay"]
 log = logging.getLogger("torch_overlay")
 
 
-def _warn(message: str, stacklevel: int) -> None:
-    """One channel for what must be seen: an ``OverlayWarning`` (filterable, shown once per place).
-
-    The log gets it at DEBUG only, so that a job with logging set up does not print it twice; the
-    INFO summary line names every drifted or failed patch.
-    """
-    warnings.warn(message, OverlayWarning, stacklevel=stacklevel)
-    log.debug("%s", message)
+# The first words of the reason of a patch lost because its module ran before the overlay.
+LATE = "imported too late"
+# A torchrun agent (it starts the ranks, which say the job's lines themselves).
+_AGENT_MODULE = "torch.distributed.launcher.api"
 
 
 def _short_hash(text: str) -> str:
@@ -69,6 +65,11 @@ class Overlay:
         self._code_cache: CodeCache | None = None
         self._activated = False
         self._summary_logged = False
+        # The job's lines (which torch and fixes, then which were applied): the process's own
+        # overlay only, said by one process of a job (engine/voice.py); the CLI turns them off.
+        self.job_lines = self._environ is not None and self.config.enabled and not self.config.quiet
+        self._started = False
+        self._says_exit_line = False
         self.problems: list[str] = []  # the series or a switch could not be read as given
         self._imports = FailedImports(lambda entry, why: self._set(entry, PatchState.FAILED, why))
 
@@ -128,6 +129,13 @@ class Overlay:
                     self._decide(component, importing=None)
             self._raise_if_strict(self._entries)
             self._maybe_log_summary()
+            if self.job_lines and self._environ is not None and claim_exit_line(self._environ):
+                import atexit
+
+                self._says_exit_line = True
+                atexit.register(self._job_end)
+            if any(t in sys.modules for t in self._by_module):
+                self._job_start()
 
     def report_problem(self, message: str) -> None:
         """Warn about something the overlay cannot do as configured, once per job (raise under strict)."""
@@ -136,7 +144,7 @@ class Overlay:
         if self.config.strict:
             raise OverlayError(text)
         if says(text, self._environ):
-            _warn(text, stacklevel=5)
+            warn(text)
 
     def _build_components(self) -> None:
         for component in group_components(self._entries, torch_version(), self._set):
@@ -238,6 +246,7 @@ class Overlay:
                     self._update(entry)
             self._after_change([name])
             self._maybe_log_summary()
+        self._job_start()
 
     def _fallback(self, module: types.ModuleType, exc: BaseException) -> bool:
         """The patched source raised while the module executed: its own code runs (:mod:`.import_failures`)."""
@@ -264,8 +273,7 @@ class Overlay:
         except Exception as exc:  # noqa: BLE001 - runs inside an import: never break it
             if self.config.strict:
                 raise
-            message = f"torch_overlay: could not refresh torch's caches after a patch ({type(exc).__name__}: {exc})"
-            _warn(message, stacklevel=4)
+            warn(f"torch_overlay: could not refresh torch's caches after a patch ({type(exc).__name__}: {exc})")
 
     # ---------------------------------------------------------------- revert
     def revert(self) -> list[str]:
@@ -289,7 +297,9 @@ class Overlay:
                 return
             entry.warned = True
             message = f"torch_overlay: patch {entry.patch.id} {state}: {reason}; torch is left unpatched"
-            _warn(message, stacklevel=4)
+            # A late import happens alike on every rank of a job: rank 0 says it, once.
+            if not reason.startswith(LATE) or says(message, self._environ):
+                warn(message)
         else:
             log.debug("patch %s: %s (%s)", entry.patch.id, state, reason)
 
@@ -304,6 +314,25 @@ class Overlay:
             counts.setdefault(str(e.state), []).append(e.patch.id)
         parts = "; ".join(f"{state}: {', '.join(ids)}" for state, ids in counts.items())
         log.info("torch_overlay on torch %s: %s", torch_version(), parts)
+
+    # ------------------------------------------------------------ job lines
+    def _job_start(self) -> None:
+        """When torch is first imported: one line per job saying that the overlay changes it."""
+        if self._started or not self.job_lines:
+            return
+        self._started = True
+        with self._lock:
+            line = job_start_line(self._entries, torch_version())
+        if says(line, self._environ):
+            tell(line)
+
+    def _job_end(self) -> None:
+        """At exit (rank 0, or the job's one process): which fixes this process actually applied."""
+        if not (self._started and self.job_lines and self._says_exit_line) or _AGENT_MODULE in sys.modules:
+            return
+        with self._lock:
+            line = job_end_line(self._entries, os.environ.get("RANK", "").strip())
+        tell(line)
 
     def status(self) -> list[PatchStatus]:
         with self._lock:
@@ -352,3 +381,54 @@ class Overlay:
             from . import originals
 
             return originals.get_original(obj, self._entries, self._by_module)
+
+
+def _lost(entries: list[Entry]) -> list[Entry]:
+    return [e for e in entries if e.state == PatchState.FAILED and e.reason.startswith(LATE)]
+
+
+def _late_modules(entries: list[Entry]) -> list[str]:
+    """The modules imported before the overlay that cost ``entries`` (each reason names it first)."""
+    out = []
+    for e in entries:
+        words = e.reason.split(" was imported before torch_overlay", 1)[0].split()
+        if words:
+            out.append(words[-1])
+    return list(dict.fromkeys(out))
+
+
+def job_start_line(entries: list[Entry], version: str) -> str:
+    """``torch_overlay: torch 2.13.0, 28 fixes active (7 not needed here); ...``."""
+    active = [e for e in entries if e.state in (PatchState.PENDING, PatchState.APPLIED)]
+    lost = _lost(entries)
+    rest = Counter(str(e.state) for e in entries if e not in active and e not in lost)
+    line = (
+        f"torch_overlay: torch {version}, {len(active)} fixes active"
+        + (f" (of {len(entries)}: {', '.join(f'{n} {state}' for state, n in rest.items())})" if rest else "")
+        + "; each applies when torch imports its module"
+    )
+    if lost:
+        line += (
+            f"; {len(lost)} lost: imported too late ({', '.join(_late_modules(lost))} imported before "
+            f"torch_overlay): {', '.join(e.patch.id for e in lost)}"
+        )
+    return line + ". `python -m torch_overlay status` says more; TORCH_OVERLAY_QUIET=1 hides this."
+
+
+def job_end_line(entries: list[Entry], rank: str) -> str:
+    """``torch_overlay: 12 fixes applied in this process: ...; 16 not used ...``."""
+    applied = [e.patch.id for e in entries if e.state == PatchState.APPLIED]
+    unused = [e for e in entries if e.state == PatchState.PENDING]
+    lost = _lost(entries)
+    broken = [e.patch.id for e in entries if e.state in (PatchState.DRIFT, PatchState.FAILED) and e not in lost]
+    who = f"rank {rank}" if rank else "this process"
+    parts = [f"{len(applied)} fix{'' if len(applied) == 1 else 'es'} applied in {who}" + (f": {', '.join(applied)}" if applied else "")]
+    if unused:
+        parts.append(f"{len(unused)} not used (their modules were not imported)")
+    if lost:
+        parts.append(
+            f"{len(lost)} lost: imported too late ({', '.join(_late_modules(lost))}): {', '.join(e.patch.id for e in lost)}"
+        )
+    if broken:
+        parts.append(f"{len(broken)} drifted or failed: {', '.join(broken)}")
+    return "torch_overlay: " + "; ".join(parts)

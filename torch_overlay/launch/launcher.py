@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 
+from ..engine.voice import release_exit_line
 from .env import BOOTSTRAP, launch_env
 
 __all__ = ["launch_env", "main"]
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         return 127
     # Built after `import torch_overlay` here: it carries what this process already warned about.
     env = launch_env(os.environ, check_ranks=args.check_ranks)
+    # This process becomes CMD: CMD (or its rank 0) says at its exit which fixes it applied.
+    release_exit_line(env)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(executable, command, env)
