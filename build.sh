@@ -32,7 +32,8 @@ Usage: ./build.sh VERB [ARGS]
                        verify --quick on each supported torch (2.11.0 2.12.1 2.13.0 2.14.1 2.15.0),
                        one after another in their private venvs; writes docs/matrix.md (or FILE) and fails
                        when a measured cell contradicts a patch's Affects/Introduced/Applied-Upstream
-                       (--ids: verify only those fixes; the others read "not run")
+                       (--ids: verify only those fixes; the others read "not run"); also stores
+                       what each reproducer raises without the overlay in patches/captured/<release>.json
   compare TEST_FILE [--timeout S] [-- PYTEST ARGS]
                        run a test file (e.g. PyTorch's own, fetched into a scratch folder) without
                        and with the overlay; list every test whose outcome differs (exit 1 if a
@@ -168,7 +169,8 @@ cmd_matrix() {
       *) break ;;
     esac
   done
-  local versions=("$@") reports v py rc=0
+  local versions=("$@") reports v py rc=0 capture_ids=()
+  [ ${#ids[@]} -gt 0 ] && capture_ids=(--ids "$(IFS=,; echo "${ids[*]}")")
   [ ${#versions[@]} -gt 0 ] || versions=("${SUPPORTED_VERSIONS[@]}")
   reports="$(mktemp -d)"
   for v in "${versions[@]}"; do
@@ -177,6 +179,9 @@ cmd_matrix() {
     PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" -m torch_overlay status --json >"$reports/$v.status.json" || true
     PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" -m torch_overlay verify --quick --needed --json \
       ${ids[@]+"${ids[@]}"} >"$reports/$v.verify.json" || true
+    echo "== torch $v: what each reproducer raises without the overlay (patches/captured/)" >&2
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" -m torch_overlay.tools capture \
+      ${capture_ids[@]+"${capture_ids[@]}"} >&2 || rc=1
   done
   run_py -m torch_overlay.tools matrix "$reports"/*.json --out "$out" || rc=$?
   rm -rf "$reports"

@@ -1,6 +1,7 @@
 """``torch-overlay explain [FILE ...]``: is this crash a known torch bug, and is it fixed here?
 
-Exit status: 0 when every error found is a known bug, 1 when one is not (or no error was found),
+Exit status: 0 when every error found is a known bug (or possibly one: the paste lacks the frame
+or class that would make it sure), 1 when one is not (or no error was found),
 2 when an input cannot be read. Torch is never imported.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import textwrap
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from ..known.catalogue import CatalogueError, load_catalogue
 from ..known.explain import broken_on, explain_log, Explanation
+from ..known.signatures import POSSIBLY
 
 __all__ = ["cmd_explain", "format_explanations"]
 
@@ -82,9 +85,16 @@ def format_explanations(explanations: list[Explanation], torch: str | None, widt
         for match in ex.matches:
             bug = match.bug
             what = "fix" if bug.kind == "fix" else "looked at, not taken"
-            lines.append(f"  known bug: {bug.id} ({what}; {bug.link_names}): {bug.title}")
+            if match.confidence == POSSIBLY:
+                lines.append(f"  possibly a known bug: {bug.id} ({what}; {bug.link_names}): {bug.title}")
+                lines.extend(wrap.wrap(
+                    "the message matches, but the paste lacks what tells this bug from others with the same "
+                    "message (its traceback frames or exception class): paste the whole traceback to be sure"
+                ))
+            else:
+                lines.append(f"  known bug: {bug.id} ({what}; {bug.link_names}): {bug.title}")
             lines.append(f"    broken on torch {broken_on(bug)}")
-            lines.extend(wrap.wrap(f"torch {torch or '?'}: {match.advice}"))
+            lines.extend(wrap.wrap(match.advice))
     return "\n".join(lines)
 
 
@@ -103,12 +113,24 @@ def cmd_explain(args: argparse.Namespace, patches_dir: Path) -> int:
         return 2
     installed = args.torch is None
     torch = _installed_torch() if installed else args.torch
+    if not installed:
+        from ..series.versions import parse_version
+
+        try:
+            parse_version(torch)
+        except ValueError:
+            print(f"error: --torch {torch!r} is not a torch version (e.g. --torch 2.13.0)", file=sys.stderr)
+            return 2
     drifted = _drift_check(patches_dir, torch) if installed and torch else (lambda pid: None)
     explanations = explain_log("\n".join(texts), catalogue, torch, installed=installed and torch is not None, drifted=drifted)
     if args.json:
-        print(json.dumps({"torch": torch, "errors": [e.as_dict() for e in explanations]}, indent=2))
+        text = json.dumps({"torch": torch, "errors": [e.as_dict() for e in explanations]}, indent=2)
     else:
-        print(format_explanations(explanations, torch, shutil.get_terminal_size((100, 24)).columns - 4))
+        text = format_explanations(explanations, torch, shutil.get_terminal_size((100, 24)).columns - 4)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `explain ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     for problem in catalogue.problems:
         print(f"problem: {problem}", file=sys.stderr)
     return 0 if explanations and all(e.known for e in explanations) else 1

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 from .._state import PatchState
 from ..series.decide import decide_by_header, fitting_variants
-from ..series.versions import parse_version
+from ..series.versions import parse_version, SUPPORTED, version_in
 from .catalogue import Catalogue, KnownBug
-from .logparse import find_errors, LoggedError
+from .logparse import find_errors, LoggedError, message_only
+from .signatures import KNOWN, POSSIBLY
 
 __all__ = ["Explanation", "Match", "broken_on", "explain_log"]
 
@@ -34,6 +35,11 @@ NOT_FIXED = "known-not-fixed"  # a looked-at report
 UNKNOWN_TORCH = "torch-unknown"
 
 _OVERLAY_WARNING = re.compile(r"torch_overlay: patch (\S+) (drift|failed): (.*?); torch is left unpatched")
+# The line the overlay prints after a traceback whose fix was not active (known/hint.py).
+_OVERLAY_HINT = re.compile(
+    r"torch_overlay: this error is a known torch bug \([^)]*\) that (\S+) fixes, but that fix is (\w[\w ]*?) in this process: (.*?)$",
+    re.M,
+)
 _RELEASES = ("2.11", "2.12", "2.13", "2.14", "2.15")
 
 
@@ -42,10 +48,12 @@ class Match:
     bug: KnownBug
     verdict: str
     advice: str
+    confidence: str = KNOWN  # POSSIBLY: the text matches, a qualifier (frame, type) is not in the paste
 
     def as_dict(self) -> dict[str, object]:
         return {
             "id": self.bug.id,
+            "confidence": self.confidence,
             "kind": self.bug.kind,
             "title": self.bug.title,
             "links": list(self.bug.links),
@@ -120,11 +128,13 @@ def _fix_match(
         return Match(bug, NOT_NEEDED, f"torch {torch} predates this bug ({decision.reason}): on this torch the error has another cause")
     if decision is not None and decision.state == PatchState.UPSTREAM:
         return Match(bug, UPSTREAM, f"fixed upstream in torch {fixed}: torch {torch} has the fix, so on it this error has another cause (or the fix is incomplete: report it)")
+    if not version_in(torch, ",".join(SUPPORTED)):
+        return Match(bug, NO_VARIANT, f"the series is written for torch {' and '.join(SUPPORTED)}, not {torch}: the overlay cannot fix {bug.id} there")
     if not fitting_variants(patch, torch):
         return Match(bug, NO_VARIANT, f"the series has no variant of {bug.id} written for torch {torch}: the overlay cannot fix it there")
     also = f"; also fixed upstream in torch {fixed}: upgrading fixes it without the overlay" if fixed else ""
     if bug.id in job_warnings:
-        return Match(bug, NOT_ACTIVE, f"fixed by {bug.id}, but it was not active in this job: {job_warnings[bug.id]}{also}")
+        return Match(bug, NOT_ACTIVE, f"fixed by {bug.id}, but it was not active in this job ({job_warnings[bug.id]}){also}")
     if installed:
         switch = _switched_off(bug.id, env)
         if switch:
@@ -177,15 +187,34 @@ def explain_log(
     (``installed``: the torch of this environment, whose switches ``env`` holds)."""
     env = os.environ if env is None else env
     job_warnings = {m.group(1): f"{m.group(2)}, {m.group(3)}" for m in _OVERLAY_WARNING.finditer(text)}
+    for m in _OVERLAY_HINT.finditer(text):
+        job_warnings.setdefault(m.group(1), f"{m.group(2)}: {m.group(3)}")
+    errors = find_errors(text)
+    if not errors:  # a message quoted without its exception class
+        errors = [e for e in [message_only(text)] if e is not None]
+        errors = [e for e in errors if _any_match(e, catalogue)]
     out = []
-    for error in find_errors(text):
+    for error in errors:
         matched = error.as_error_text()
         matches = []
         for bug in catalogue.bugs:
-            if any(sig.matches(matched) for sig in bug.signatures):
-                if bug.kind == "fix":
-                    matches.append(_fix_match(bug, torch, installed, env, job_warnings, drifted))
-                else:
-                    matches.append(_looked_at_match(bug, torch))
+            found = [sig.match(matched) for sig in bug.signatures]
+            if not any(found):
+                continue
+            confidence = KNOWN if KNOWN in found else POSSIBLY
+            if bug.kind == "fix":
+                match = _fix_match(bug, torch, installed, env, job_warnings, drifted)
+            else:
+                match = _looked_at_match(bug, torch)
+            match.confidence = confidence
+            matches.append(match)
+        # A sure answer outranks a guess: "possibly" is given only where nothing is known.
+        if any(m.confidence == KNOWN for m in matches):
+            matches = [m for m in matches if m.confidence == KNOWN]
         out.append(Explanation(error, matches))
     return out
+
+
+def _any_match(error: LoggedError, catalogue: Catalogue) -> bool:
+    text = error.as_error_text()
+    return any(sig.match(text) for bug in catalogue.bugs for sig in bug.signatures)

@@ -5,6 +5,12 @@ colour, chained exceptions and torchelastic's ``ChildFailedError`` summary, whic
 failed rank's traceback. Each Python traceback gives one error (its chain's exception lines and
 frames); C++ log records of level E or F (an NCCL watchdog timeout) give one each. Errors with the
 same text up to numbers are one error, seen on several ranks.
+
+People paste errors in other shapes than a log, and each is read as the error it shows: inside
+markdown (code fences, inline backticks, bold, ``>`` quotes, list items), behind pytest's ``E``
+prefix or doubled rank prefixes, frames without their ``Traceback`` header or after the message,
+a message mid-sentence ("... crashed with: RuntimeError: ..."), an exception class that does not
+end in ``Error`` (``torch._dynamo.exc.FailOnRecompileLimitHit``), a frame line wrapped in two.
 """
 
 from __future__ import annotations
@@ -14,19 +20,30 @@ from dataclasses import dataclass, field
 
 from .signatures import ErrorText
 
-__all__ = ["LoggedError", "find_errors"]
+__all__ = ["LoggedError", "find_errors", "message_only"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
-_RANK_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:[ ]?")
+_RANK_PREFIX = re.compile(r"^(?:\[(?:rank|default)(\d+)\]:[ ]?)+")
+# Markdown and pytest around a pasted line: a quote marker, pytest's "E   " failure prefix.
+_QUOTE = re.compile(r"^\s*(?:>\s?)+")
+_PYTEST_E = re.compile(r"^E(?: {1,7}|$)")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
 _TRACEBACK = "Traceback (most recent call last):"
 _CHAIN = (
     "The above exception was the direct cause of the following exception:",
     "During handling of the above exception, another exception occurred:",
 )
-_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Failure|Timeout)|[A-Za-z_][\w]*\.[\w.]*[A-Z]\w*)(?::[ ]?(.*))?$")
-_BARE_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception))(?::[ ]?(.*))?$")
-# A C++ log record (glog style) of level E or F: "[E1127 10:00:00.000 123 File.cpp:10] text".
-_CPP_ERROR = re.compile(r"^\[?[EF]\d{4} [\d:.]+ +\d+ [^\]]+\.(?:cpp|cc|h|hpp|cu):\d+\] (.*)$")
+_CLASS_SUFFIX = r"(?:Error|Exception|Interrupt|Exit|Warning|Failure|Timeout|Hit|Unsupported)"
+_EXCEPTION = re.compile(rf"^([A-Za-z_][\w.]*{_CLASS_SUFFIX}|[A-Za-z_][\w]*\.[\w.]*[A-Z]\w*)(?::[ ]?(.*))?$")
+# An exception line pasted alone, or mid-sentence: a class named like one, then ": message" (a
+# warning printed by the warnings module is not an error).
+_ERROR_SUFFIX = r"(?:Error|Exception|Interrupt|Timeout|Failure|Hit|Unsupported)"
+_BARE_EXCEPTION = re.compile(
+    rf"^([A-Za-z_][\w.]*{_ERROR_SUFFIX})(?::[ ]?(.*))?$|^((?:[a-z_]\w*\.)+[A-Z]\w*): (.*)$"
+)
+_INLINE_EXCEPTION = re.compile(rf"(?<![\w.])((?:[a-z_]\w*\.)*[A-Z]\w*{_ERROR_SUFFIX}|(?:[a-z_]\w*\.)+[A-Z]\w*): \S")
+_CPP_ERROR = re.compile(r"^\[?[EF]\d{4} [\d:.]+ +(?:\d+ )?[^\]]+\.(?:cpp|cc|h|hpp|cu):\d+\] (.*)$")
 # Where a message's continuation lines stop: another record or a torchelastic line.
 _RECORD = re.compile(r"^(\[?[WIEF]\d{4} |\[[WIEF] |(WARNING|INFO|ERROR|DEBUG):|=+$|-+$|E\d{4} )")
 _WRAPPERS = ("ChildFailedError",)
@@ -47,20 +64,49 @@ class LoggedError:
         return f"{self.type}: {first}" if self.type else first
 
     def as_error_text(self) -> ErrorText:
+        if not self.type:  # a C++ record, or a message pasted without its exception class
+            return ErrorText("\n".join(self.chain), (), self.frames)
         types = tuple(line.partition(":")[0].rsplit(".", 1)[-1] for line in self.chain)
         return ErrorText("\n".join(self.chain), types, self.frames)
 
     def key(self) -> tuple[str, str]:
-        return (self.type, re.sub(r"0x[0-9a-f]+|\d+", "#", " ".join(self.message.split())))
+        """What two reports of one error share: the type's name and the message's first line,
+        numbers and addresses aside (a rank's copy may be cut or wrapped differently)."""
+        first = self.message.strip().splitlines()[0] if self.message.strip() else ""
+        return (self.type.rsplit(".", 1)[-1], re.sub(r"0x[0-9a-f]+|\d+", "#", " ".join(first.split())))
+
+
+def _unpasted(line: str) -> list[str]:
+    """``line`` without what pasting it added (markdown, pytest's prefix): one line, or two where
+    an exception line starts mid-sentence."""
+    if _FENCE.match(line):
+        return [""]
+    line = _PYTEST_E.sub("", _QUOTE.sub("", line))
+    line = line.replace("**", "").replace("\\`", "").replace("`", "")
+    stripped = line.strip()
+    if _LIST_ITEM.match(line) and (_BARE_EXCEPTION.match(_LIST_ITEM.sub("", line)) or "File \"" in line):
+        return [_LIST_ITEM.sub("", line)]
+    if stripped.startswith(("File ", _TRACEBACK)) or _EXCEPTION.match(stripped):
+        return [line]
+    inline = _INLINE_EXCEPTION.search(line)
+    if inline and inline.start() > 0:
+        return [line[: inline.start()], line[inline.start() :]]
+    return [line]
 
 
 def _streams(text: str) -> dict[str | None, list[str]]:
-    """The log's lines per rank (None: lines without a rank prefix), in order."""
+    """The log's lines per rank (None: lines without a rank prefix), in order, unpasted."""
     streams: dict[str | None, list[str]] = {}
     for raw in _ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n").split("\n"):
         match = _RANK_PREFIX.match(raw)
         rank = match.group(1) if match else None
-        streams.setdefault(rank, []).append(raw[match.end() :] if match else raw)
+        lines = streams.setdefault(rank, [])
+        for line in _unpasted(raw[match.end() :] if match else raw):
+            # A frame line wrapped before its function: 'File "x.py", line 7,' / 'in f'.
+            if lines and re.match(r'^\s*File ".*", line \d+,$', lines[-1]) and line.strip().startswith("in "):
+                lines[-1] = f"{lines[-1]} {line.strip()}"
+            else:
+                lines.append(line)
     return streams
 
 
@@ -121,25 +167,51 @@ def _parse_traceback(lines: list[str], i: int) -> tuple[LoggedError | None, int]
     return LoggedError(last_type, last_message, tuple(chain), tuple(frames)), i
 
 
+def _loose_frames(lines: list[str], start: int, stop: int) -> list[str]:
+    """The frame lines of ``lines[start:stop]`` (frames pasted without a Traceback header)."""
+    return [line.strip() for line in lines[start:stop] if line.strip().startswith("File \"")]
+
+
+def _frames_after(lines: list[str], i: int) -> tuple[list[str], int]:
+    """Frames pasted after their message (indented, or ``File`` lines), and the index after them."""
+    frames: list[str] = []
+    j = i
+    while j < len(lines):
+        stripped = lines[j].strip()
+        if stripped.startswith("File \""):
+            frames.append(stripped)
+        elif stripped and not lines[j].startswith((" ", "\t")):
+            break
+        j += 1
+    return frames, (j if frames else i)
+
+
 def _errors_of_stream(lines: list[str]) -> list[LoggedError]:
     found: list[LoggedError] = []
-    saw_traceback = any(line.strip().startswith(_TRACEBACK) for line in lines)
     i = 0
+    since = 0  # where the lines not yet part of an error begin
     while i < len(lines):
         stripped = lines[i].strip()
         if stripped.startswith(_TRACEBACK):
             error, i = _parse_traceback(lines, i)
             if error is not None:
                 found.append(error)
+            since = i
             continue
         record = _CPP_ERROR.match(stripped)
         if record:
             found.append(LoggedError("", record.group(1), (record.group(1),)))
-        elif not saw_traceback:  # a pasted exception line alone
+            since = i + 1
+        else:
             bare = _BARE_EXCEPTION.match(stripped)
             if bare:
-                message, i = _message(lines, i, bare.group(2) or "")
-                found.append(LoggedError(bare.group(1), message, (f"{bare.group(1)}: {message}",)))
+                name, first = (bare.group(1), bare.group(2)) if bare.group(1) else (bare.group(3), bare.group(4))
+                before = _loose_frames(lines, since, i)
+                message, i = _message(lines, i, first or "")
+                after, i = _frames_after(lines, i)
+                chain = (f"{name}: {message}" if message else name,)
+                found.append(LoggedError(name, message, chain, tuple(before + after)))
+                since = i
                 continue
         i += 1
     return found
@@ -191,3 +263,14 @@ def find_errors(text: str) -> list[LoggedError]:
     for error in distinct.values():
         error.ranks.sort(key=int)
     return list(distinct.values())
+
+
+def message_only(text: str) -> LoggedError | None:
+    """The whole of ``text`` as one error without an exception class: what a post that quotes a
+    message without its class can be matched as (signatures then cannot check a type or frame)."""
+    lines = [line for lines in _streams(text).values() for line in lines]
+    body = "\n".join(lines).strip()
+    if not body:
+        return None
+    frames = tuple(_loose_frames(lines, 0, len(lines)))
+    return LoggedError("", body, (body,), frames)

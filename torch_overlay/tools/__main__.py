@@ -90,6 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     _add_patches(p)
 
     p = sub.add_parser(
+        "capture",
+        help="store what each needed fix's reproducer raises without the overlay on the installed torch",
+        description="Run each fix's Error-Test (default: its Quick-Test) that the installed torch needs, "
+        "without the overlay, and store the exception it raised in patches/captured/<release>.json "
+        "(what build.sh matrix runs on each torch; explain's signatures are tested against it).",
+    )
+    p.add_argument("--ids", default="", metavar="ID,...", help="only these fixes (the others keep their entries)")
+    p.add_argument("--out", type=Path, default=None, metavar="FILE", help="default: patches/captured/<release>.json")
+    _add_patches(p)
+
+    p = sub.add_parser(
         "readme",
         help="regenerate the README's tables of fixes and of reports looked at from the patches' data",
         description="Rewrite the README's generated tables (between <!-- BEGIN generated: ... --> lines) from "
@@ -116,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         from .readme import run_readme
 
         return run_readme(args.readme, patches, check=args.check)
+    if args.verb == "capture":
+        from .capture import run_capture
+
+        return run_capture(patches, args.out, {i for i in args.ids.split(",") if i})
     if args.verb == "matrix":
         from ..series.series import read_series
         from .matrix import run_matrix

@@ -1,13 +1,16 @@
-"""A pytest plugin: write each failed test's exception, formatted as Python prints an uncaught
-one, to the JSON file named by ``CAPTURE_EXCEPTIONS_JSON`` (node id -> text)."""
+"""A pytest plugin: write each failed test's exception, compacted as ``capture.compact_exception``
+prints it (paths relative to ``CAPTURE_REPO`` or to site-packages), to the JSON file named by
+``CAPTURE_EXCEPTIONS_JSON`` (node id -> text). ``tools/capture.py`` loads it with
+``-p torch_overlay.tools.capture_plugin``."""
 
 from __future__ import annotations
 
 import json
 import os
-import traceback
 
 import pytest
+
+from .capture import compact_exception
 
 _captured: dict[str, str] = {}
 
@@ -17,7 +20,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.failed and call.excinfo is not None:
-        _captured[item.nodeid] = "".join(traceback.format_exception(call.excinfo.value))
+        _captured[item.nodeid] = compact_exception(call.excinfo.value, os.environ.get("CAPTURE_REPO", ""))
 
 
 def pytest_sessionfinish(session, exitstatus):
