@@ -1,6 +1,12 @@
 """The late path: a module imported before the overlay gets function code swapped, or nothing."""
 
 import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +170,92 @@ def test_a_late_patch_adds_a_definition_before_another_module_imports_it(sandbox
     overlay.activate()
     assert [(s.state, s.mode) for s in overlay.status()] == [("applied", "swapped")] * 2, overlay.status()
     assert mod_b.g() == 42 and mod_b.h() == 5 and mod_a.helper() == 32
+
+
+def test_a_patch_on_top_of_one_lost_to_a_late_import_is_lost_to_it_too(sandbox, config, overlays):
+    # 0001 changes module-level code (lost once the module ran); 0002 is written on top of it: it
+    # does not fit the file as torch ships it, and that is the late import's doing, not drift.
+    name, path = sandbox.module(SHAPED)
+    mod = importlib.import_module(name)
+    on_top = SHAPED_PATCHED.replace("return 2", "return 4")
+    sandbox.series(
+        ("0001-shaped.patch", make_patch("shaped", [make_diff(path, SHAPED, SHAPED_PATCHED)])),
+        ("0002-on-top.patch", make_patch("on-top", [make_diff(path, SHAPED_PATCHED, on_top)])),
+    )
+    overlay = overlays(config())
+    with pytest.warns(UserWarning) as warned:
+        line = sys._getframe().f_lineno + 1  # the line the warnings point at
+        overlay.activate()
+    shaped, on_top_row = overlay.status()
+    assert shaped.state == on_top_row.state == "failed"
+    assert shaped.reason.startswith(f"imported too late: {name} was imported before torch_overlay")
+    assert on_top_row.reason.startswith("imported too late: it applies on top of shaped, lost because ")
+    assert f"{name} was imported before torch_overlay" in on_top_row.reason
+    assert "import torch_overlay before `import torch`" in on_top_row.reason
+    texts = [str(w.message) for w in warned]
+    assert [t.split(" failed: ")[0] for t in texts] == ["torch_overlay: patch shaped", "torch_overlay: patch on-top"]
+    assert all("imported too late" in t and "drift" not in t for t in texts)
+    # At the test's own line (the user's code), not at the overlay's.
+    assert {(w.filename, w.lineno) for w in warned} == {(__file__, line)}
+    assert not hasattr(mod.Box, "twice")
+
+
+def test_real_drift_after_a_late_import_is_still_drift(sandbox, config, overlays):
+    name, path = sandbox.module(SHAPED)
+    importlib.import_module(name)
+    elsewhere = "def unrelated():\n    return 1\n"
+    sandbox.series(
+        ("0001-shaped.patch", make_patch("shaped", [make_diff(path, SHAPED, SHAPED_PATCHED)])),
+        ("0002-stale.patch", make_patch("stale", [make_diff(path, elsewhere, elsewhere.replace("1", "2"))])),
+    )
+    overlay = overlays(config())
+    with pytest.warns(UserWarning):
+        overlay.activate()
+    assert [s.state for s in overlay.status()] == ["failed", "drift"]
+
+
+LATE_JOB = """
+import torch.distributed.fsdp, torch.distributed.tensor  # before the overlay: too late for their fixes
+import torch_overlay
+import json, sys
+from torch_overlay.cli.main import _import_targets
+from torch_overlay.cli.report import format_status
+_import_targets()
+rows = torch_overlay.status()
+patches = {p.id: p for p in torch_overlay._overlay.patches()}
+print(json.dumps({"rows": [[r.id, str(r.state), r.reason] for r in rows], "text": format_status(rows, patches, 4000)}))
+"""
+
+
+def test_a_late_import_of_torch_modules_reads_imported_too_late_never_drift(tmp_path):
+    """On the installed torch: FSDP and DTensor imported before the overlay. Every fix it costs,
+    including both of two patches of one file (FSDP's ``_fsdp_state``; on 2.12-2.13 also DTensor
+    conv's, where one patch is written on top of the other), says so in status and once in a warning."""
+    script = tmp_path / "job.py"
+    script.write_text(LATE_JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY_") or k == "TORCH_OVERLAY_CACHE_DIR"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-W", "default::UserWarning", str(script)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.splitlines()[-1])
+    rows = {pid: (state, reason) for pid, state, reason in report["rows"]}
+    assert not [pid for pid, (state, _) in rows.items() if state == "drift"], rows
+    failed = {pid: reason for pid, (state, reason) in rows.items() if state == "failed"}
+    assert failed and all(r.startswith("imported too late: ") for r in failed.values()), failed
+    shared = ["fsdp-unused-params-backward-order", "fsdp-shared-param-grouping-message"]
+    assert set(shared) <= set(failed), rows
+    if rows["dtensor-conv-backward-width-shard"][0] != "upstream":  # 2.12, 2.13: on top of depthwise
+        assert rows["dtensor-conv-depthwise-channel-shard"][1].startswith("imported too late: ")
+        reason = rows["dtensor-conv-backward-width-shard"][1]
+        assert reason.startswith("imported too late: it applies on top of dtensor-conv-depthwise-channel-shard")
+    for pid in failed:
+        # status: the row and its "why:" line
+        assert re.search(rf"^{re.escape(pid)}\s+failed\b", report["text"], re.M), report["text"]
+        assert "why: imported too late: " in report["text"]
+        # the warning: once, at the script's `import torch_overlay` line
+        warned = [l for l in proc.stderr.splitlines() if f"torch_overlay: patch {pid} failed: imported too late" in l]
+        assert len(warned) == 1, proc.stderr[-3000:]
+        assert warned[0].startswith(f"{script}:3: OverlayWarning: ")
+    assert "drift" not in proc.stderr
