@@ -155,3 +155,48 @@ def test_standard_input_without_importing_torch_and_fast():
     assert "torch imported: False" in proc.stderr
     cpu = float(proc.stderr.rsplit("cpu:", 1)[1])
     assert cpu < 0.5, f"explain took {cpu:.2f} s of CPU (whole process {wall:.2f} s wall)"
+
+
+def test_possibly_when_the_paste_lacks_the_frame_a_signature_asks_for(capsys, log):
+    # 0023's signature asks for the frame `to_accumulated_grad_if_needed`: a message quoted alone
+    # is possibly that bug, with a traceback it is known; the exit status is 0 for both.
+    message = "AttributeError: 'FSDPParam' object has no attribute '_unsharded_param'\n"
+    rc, out = _explain(capsys, log(message), "--torch", "2.13.0")
+    assert rc == 0
+    assert [(m["id"], m["confidence"]) for m in out["errors"][0]["matches"]] == [("fsdp-accumulated-grad-unused-unit", "possibly")]
+    framed = 'Traceback (most recent call last):\n  File "/s/torch/distributed/fsdp/_fully_shard/_fsdp_param.py", line 7, in to_accumulated_grad_if_needed\n    x\n' + message
+    rc, out = _explain(capsys, log(framed), "--torch", "2.13.0")
+    assert [(m["id"], m["confidence"]) for m in out["errors"][0]["matches"]] == [("fsdp-accumulated-grad-unused-unit", "known")]
+    assert main(["explain", log(message), "--torch", "2.13.0"]) == 0
+    assert "possibly a known bug: fsdp-accumulated-grad-unused-unit" in capsys.readouterr().out
+
+
+def test_the_overlays_own_line_in_the_log_gives_its_remedy(capsys, log):
+    hint = (
+        "torch_overlay: this error is a known torch bug (torchtitan#2776) that inductor-unbacked-split-slice fixes, "
+        "but that fix is disabled in this process: TORCH_OVERLAY=0. Unset TORCH_OVERLAY=0 to apply it.\n"
+    )
+    rc, out = _explain(capsys, log(SPLIT_SLICE + hint), "--torch", "2.11.0")
+    (match,) = out["errors"][0]["matches"]
+    assert match["verdict"] == "fix-not-active"
+    assert "Unset TORCH_OVERLAY=0 to apply it" in match["advice"]
+
+
+def test_the_torch_version_is_said_once_and_checked(capsys, log):
+    assert main(["explain", log(SPLIT_SLICE), "--torch", "2.11.0"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("2.11.0") == 1, text
+    assert main(["explain", log(SPLIT_SLICE), "--torch", "banana"]) == 2
+    assert "not a torch version" in capsys.readouterr().err
+    rc, out = _explain(capsys, log(SPLIT_SLICE), "--torch", "9.9")
+    (match,) = out["errors"][0]["matches"]
+    assert match["verdict"] in ("fixed-upstream", "no-fix-for-this-torch") and "applies on torch 9.9" not in match["advice"]
+
+
+def test_a_closed_pipe_ends_quietly(log):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    big = SPLIT_SLICE * 1 + "".join(f"RuntimeError: other error number {n} with a long text\n\n" for n in range(3000))
+    cmd = f"{sys.executable} -m torch_overlay explain --torch 2.11.0 {log(big)} | head -1"
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env)
+    assert proc.stdout.startswith("error 1 of")
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr

@@ -123,3 +123,66 @@ def test_cpp_error_records_and_a_pasted_exception_line():
 
 def test_nothing_found_in_a_log_without_errors():
     assert find_errors("step 1 loss 2.3\nstep 2 loss 2.1\n") == []
+
+
+# How people paste an error (issue reports, forums, chats): each shape gives the error it shows.
+def test_markdown_around_the_exception_line():
+    for pasted in (
+        "It crashed with: `NotImplementedError: Operator aten._is_any_true.default does not have a sharding strategy registered.`",
+        "**NotImplementedError: Operator aten._is_any_true.default does not have a sharding strategy registered.**",
+        "> NotImplementedError: Operator aten._is_any_true.default does not have a sharding strategy registered.",
+        "- `NotImplementedError: Operator aten._is_any_true.default does not have a sharding strategy registered.`",
+        "```\nNotImplementedError: Operator aten._is_any_true.default does not have a sharding strategy registered.\n```",
+    ):
+        (error,) = find_errors(pasted)
+        assert error.type == "NotImplementedError", pasted
+        assert error.message.startswith("Operator aten._is_any_true.default"), pasted
+
+
+def test_pytest_failure_prefix_and_doubled_rank_prefixes():
+    (error,) = find_errors("E       RuntimeError: boom\nE       second line\n")
+    assert (error.type, error.message) == ("RuntimeError", "boom\nsecond line")
+    doubled = "\n".join(f"[rank1]:[rank1]: {line}" for line in PLAIN.splitlines())
+    (error,) = find_errors(doubled)
+    assert error.ranks == ["1"] and any("runtime_wrappers.py" in f for f in error.frames)
+
+
+def test_frames_without_a_traceback_header_before_or_after_the_message():
+    before = """\
+```
+File "torch/distributed/fsdp/_fully_shard/_fsdp_param.py", line 733,
+     in to_accumulated_grad_if_needed
+    or self._unsharded_param.grad is None
+AttributeError: 'FSDPParam' object has no attribute '_unsharded_param'
+```"""
+    (error,) = find_errors(before)
+    assert error.frames == ('File "torch/distributed/fsdp/_fully_shard/_fsdp_param.py", line 733, in to_accumulated_grad_if_needed',)
+    after = "TypeError: torch.finfo() requires a floating point input type\n  File \"dcp/_consolidate_hf_safetensors.py\", line 9, in _parse_input_metadata\n"
+    (error,) = find_errors(after)
+    assert error.type == "TypeError" and "_parse_input_metadata" in error.frames[0]
+
+
+def test_exception_classes_not_named_error_and_nccl_lines_without_thread_id():
+    (error,) = find_errors("torch._dynamo.exc.FailOnRecompileLimitHit: recompile_limit reached with fullgraph=True\n")
+    assert error.type.endswith("FailOnRecompileLimitHit")
+    (error,) = find_errors("[rank0]:[E1128 10:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout\n")
+    assert "Watchdog caught" in error.message and error.ranks == ["0"]
+
+
+def test_warnings_and_prose_are_not_errors():
+    assert find_errors("/x/y.py:3: UserWarning: careful with that\nNote: this is fine\n") == []
+
+
+def test_one_error_on_two_ranks_even_when_one_copy_is_cut_short():
+    long = "RuntimeError: Missing key in checkpoint state_dict: optim.state.gate.weight.step.\nmore detail line"
+    text = "\n".join(_ranked(0, long) + _ranked(1, long.splitlines()[0]))
+    (error,) = find_errors(text)
+    assert error.ranks == ["0", "1"]
+
+
+def test_a_message_without_its_class():
+    from torch_overlay.known.logparse import message_only
+
+    error = message_only("the job died with\n```\nNode X was invalid, but is output\n```\n")
+    assert error.type == "" and "Node X was invalid" in error.message
+    assert error.as_error_text().types == ()

@@ -44,3 +44,24 @@ def test_frame_and_type_qualifiers():
 def test_malformed_signatures_are_refused(line):
     with pytest.raises(SignatureError):
         parse_signature(line)
+
+
+def test_known_or_possibly_by_what_the_error_shows():
+    from torch_overlay.known.signatures import KNOWN, POSSIBLY
+
+    sig = parse_signature("was invalid | frame=runtime_wrappers")
+    assert sig.match(TANGENT) == KNOWN
+    assert sig.match(ErrorText("RuntimeError: Node x was invalid", ("RuntimeError",))) == POSSIBLY  # no frames
+    assert sig.match(ErrorText("RuntimeError: was invalid", ("RuntimeError",), ('File "a.py", line 1, in f',))) is None
+    typed = parse_signature("was invalid | type=RuntimeError")
+    assert typed.match(ErrorText("Node x was invalid")) == POSSIBLY  # pasted without its class
+    assert typed.match(ErrorText("ValueError: was invalid", ("ValueError",))) is None
+
+
+def test_a_generic_message_is_at_most_possibly_and_needs_its_qualifiers():
+    from torch_overlay.known.signatures import POSSIBLY
+
+    sig = parse_signature("was invalid | frame=runtime_wrappers | possibly")
+    assert sig.match(TANGENT) == POSSIBLY and not sig.matches(TANGENT)
+    assert sig.match(ErrorText("RuntimeError: Node x was invalid", ("RuntimeError",))) is None
+    assert parse_signature("was invalid | possibly").match(TANGENT) == POSSIBLY

@@ -118,6 +118,8 @@ def _message(lines: list[str], start: int, first: str) -> tuple[str, int]:
         line = lines[i]
         if line.startswith(_TRACEBACK) or line.strip() in _CHAIN or _RECORD.match(line.strip()):
             break
+        if line.strip().startswith('File "'):  # frames pasted after their message
+            break
         if not line.strip() and (i + 1 >= len(lines) or not lines[i + 1].strip() or lines[i + 1].strip() in _CHAIN):
             break
         parts.append(line)
