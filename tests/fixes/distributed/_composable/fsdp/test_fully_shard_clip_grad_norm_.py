@@ -11,8 +11,36 @@ from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     create_local_tensor_test_class,
     DTensorTestBase,
+    LocalDTensorTestBase,
     with_comms,
 )
+
+
+def _clip_grad_norm_per_mesh_(
+    parameters: list[nn.Parameter], max_norm: float, norm_type: float, foreach
+) -> torch.Tensor:
+    """What trainers run instead of ``clip_grad_norm_`` for gradients on several
+    meshes: one group per mesh, in the order the meshes first appear, and the plain
+    tensors as the last group; the norm of the groups' norms; each group scaled by it.
+    """
+    mesh_groups: dict[object, list[nn.Parameter]] = {}
+    plain: list[nn.Parameter] = []
+    for param in parameters:
+        if isinstance(param.grad, DTensor):
+            mesh_groups.setdefault(param.grad.device_mesh, []).append(param)
+        elif param.grad is not None:
+            plain.append(param)
+    groups = [*mesh_groups.values(), *([plain] if plain else [])]
+    norms = []
+    for group in groups:
+        norm = nn.utils.get_total_norm(
+            [p.grad for p in group], norm_type, foreach=foreach
+        )
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total_norm = nn.utils.get_total_norm(norms, norm_type, foreach=foreach)
+    for group in groups:
+        nn.utils.clip_grads_with_norm_(group, max_norm, total_norm, foreach=foreach)
+    return total_norm
 
 
 class TestClipGradNormMixedMeshes(DTensorTestBase):
@@ -89,6 +117,67 @@ class TestClipGradNormMixedMeshes(DTensorTestBase):
 TestClipGradNormMixedMeshesWithLocalTensor = create_local_tensor_test_class(
     TestClipGradNormMixedMeshes
 )
+
+
+class TestClipGradNormMixedMeshesOrder(LocalDTensorTestBase):
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    @with_comms
+    def test_clip_grad_norm_bitwise_as_split_per_mesh(self):
+        # Deleting a trainer's own per-mesh split must change no bit: the groups are
+        # ordered as trainers order them (plain tensors last), whatever the order of
+        # the parameters, e.g. plain tensors first among three groups.
+        mesh_a = init_device_mesh(
+            self.device_type, (self.world_size,), mesh_dim_names=("dp",)
+        )
+        mesh_b = init_device_mesh(
+            self.device_type, (self.world_size,), mesh_dim_names=("ep",)
+        )
+        kinds = {"plain": None, "a": mesh_a, "b": mesh_b}
+        shapes = [(16, 8), (8, 6), (12,), (10, 2)]
+        # Gradients of very different sizes, as in a model: the groups' norms then
+        # round differently when summed in another order.
+        scales = [1.0, 3e-3, 7.0, 1e2]
+        for order in sorted(set(itertools.permutations(["plain", "a", "b", "a"]))):
+            for norm_type, foreach in ((2.0, None), (3.0, False)):
+                with self._get_local_tensor_mode():
+                    torch.manual_seed(0)
+                    params, ref_params = [], []
+                    for kind, shape, scale in zip(order, shapes, scales):
+                        full = torch.randn(shape) * scale
+                        for out in (params, ref_params):
+                            param = nn.Parameter(torch.zeros(shape))
+                            param.grad = full.clone()
+                            mesh = kinds[kind]
+                            if mesh is not None:
+                                param = nn.Parameter(
+                                    distribute_tensor(param.detach(), mesh, [Shard(0)])
+                                )
+                                param.grad = distribute_tensor(
+                                    full.clone(), mesh, [Shard(0)]
+                                )
+                            out.append(param)
+                    ref_total_norm = _clip_grad_norm_per_mesh_(
+                        ref_params, 0.5, norm_type, foreach
+                    )
+                    total_norm = nn.utils.clip_grad_norm_(
+                        params, 0.5, norm_type, foreach=foreach
+                    )
+                    grads, ref_grads = (
+                        [
+                            g.full_tensor() if isinstance(g, DTensor) else g
+                            for g in (p.grad for p in ps)
+                        ]
+                        for ps in (params, ref_params)
+                    )
+                # Assert outside LocalTensorMode, which would treat the checks as
+                # per-rank code.
+                msg = f"order={order}, norm_type={norm_type}, foreach={foreach}"
+                self.assertEqual(total_norm, ref_total_norm, atol=0, rtol=0, msg=msg)
+                for grad, ref_grad in zip(grads, ref_grads):
+                    self.assertEqual(grad, ref_grad, atol=0, rtol=0, msg=msg)
 
 
 if __name__ == "__main__":
