@@ -2,18 +2,41 @@
 import torch_overlay  # noqa: F401  # torch_overlay: plumbing
 
 import copy
+import re
 
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
     get_optimizer_state_dict,
+    set_model_state_dict,
     set_optimizer_state_dict,
     StateDictOptions,
 )
 from torch.testing._internal.common_device_type import instantiate_device_type_tests
 from torch.testing._internal.common_utils import parametrize, run_tests, TestCase
 from torch.testing._internal.distributed.checkpoint_utils import with_temp_dir
+
+
+# The implementations of Adam and AdamW, by their constructor arguments.
+_ADAM_IMPLS = {
+    "for_loop": {"foreach": False},
+    "foreach": {"foreach": True},
+    "fused": {"fused": True},
+}
+
+
+def _adam_model_and_optim(
+    device: str, optim_name: str, impl: str, grad_dtype: torch.dtype | None
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4, device=device)
+    for param in model.parameters():
+        param.grad_dtype = grad_dtype
+    optim_cls = getattr(torch.optim, optim_name)
+    optim = optim_cls(model.parameters(), lr=0.1, **_ADAM_IMPLS[impl])
+    return model, optim
 
 
 class TestDsdInitOptimStateGradDtype(TestCase):
@@ -76,6 +99,73 @@ class TestDsdInitOptimStateGradDtype(TestCase):
         self.assertEqual(new_optim.state_dict(), optim.state_dict(), exact_dtype=False)
         for param in new_model.parameters():
             self.assertIsNone(param.grad)
+
+    @parametrize("optim_name", ["Adam", "AdamW"])
+    @parametrize("impl", list(_ADAM_IMPLS))
+    def test_adam_raises_as_its_training_step_raises(self, device, optim_name, impl):
+        # Adam and AdamW cannot step on a gradient whose dtype differs from the
+        # parameter's: the state dict of a fresh optimizer fails in its step(), with
+        # the error a training step on the same model gives, and not in DSD.
+        model, optim = _adam_model_and_optim(device, optim_name, impl, torch.bfloat16)
+        model(torch.randn(2, 4, device=device)).sum().backward()
+        with self.assertRaises(RuntimeError) as training_error:
+            optim.step()
+
+        model, optim = _adam_model_and_optim(device, optim_name, impl, torch.bfloat16)
+        with self.assertRaisesRegex(
+            RuntimeError, re.escape(str(training_error.exception))
+        ):
+            get_optimizer_state_dict(model, optim)
+
+
+class TestDsdInitOptimStateGradDtypeGuard(TestCase):
+    """Adam and AdamW on parameters whose ``grad_dtype`` is set and equal to their
+    dtype, or ``None`` (any dtype): a checkpoint taken in training resumes it bit for
+    bit through DCP and set_optimizer_state_dict."""
+
+    def _train_step(
+        self, model: nn.Module, optim: torch.optim.Optimizer, seed: int
+    ) -> None:
+        torch.manual_seed(seed)
+        model(torch.randn(2, 4, device=model.weight.device)).sum().backward()
+        optim.step()
+        optim.zero_grad()
+
+    @parametrize("optim_name", ["Adam", "AdamW"])
+    @parametrize("impl", list(_ADAM_IMPLS))
+    @parametrize("grad_dtype", [torch.float32, None])
+    @with_temp_dir
+    def test_adam_resumes_from_dcp_checkpoint(
+        self, device, optim_name, impl, grad_dtype
+    ):
+        model, optim = _adam_model_and_optim(device, optim_name, impl, grad_dtype)
+        for seed in range(2):
+            self._train_step(model, optim, seed)
+        dcp.save(
+            {
+                "model": get_model_state_dict(model),
+                "optim": get_optimizer_state_dict(model, optim),
+            },
+            checkpoint_id=self.temp_dir,
+        )
+
+        new_model, new_optim = _adam_model_and_optim(
+            device, optim_name, impl, grad_dtype
+        )
+        state_dict = {
+            "model": get_model_state_dict(new_model),
+            "optim": get_optimizer_state_dict(new_model, new_optim),
+        }
+        dcp.load(state_dict, checkpoint_id=self.temp_dir)
+        set_model_state_dict(new_model, state_dict["model"])
+        set_optimizer_state_dict(new_model, new_optim, state_dict["optim"])
+        self._train_step(model, optim, 2)
+        self._train_step(new_model, new_optim, 2)
+
+        self.assertEqual(new_model.state_dict(), model.state_dict(), atol=0, rtol=0)
+        self.assertEqual(new_optim.state_dict(), optim.state_dict(), atol=0, rtol=0)
+        for param in new_model.parameters():
+            self.assertEqual(param.grad_dtype, grad_dtype)
 
 
 class _ModelWithUnusedGate(nn.Module):
@@ -148,9 +238,67 @@ class TestDsdOptimStateParamsWithoutGrad(TestCase):
 
         self.assertEqual(new_optim.state_dict(), optim.state_dict())
 
+    @parametrize("flatten", [False, True])
+    def test_set_state_dict_into_fresh_optimizer(self, device, flatten):
+        # The state dict of a trained optimizer, kept in memory or saved with
+        # torch.save, loads into a fresh optimizer in strict mode.
+        options = StateDictOptions(flatten_optimizer_state_dict=flatten)
+        model, optim = self._model_and_optim(device)
+        self._train(model, optim)
+        osd = copy.deepcopy(get_optimizer_state_dict(model, optim, options=options))
+
+        new_model, new_optim = self._model_and_optim(device)
+        set_optimizer_state_dict(new_model, new_optim, osd, options=options)
+
+        self.assertEqual(new_optim.state_dict(), optim.state_dict())
+        for param in new_model.parameters():
+            self.assertIsNone(param.grad)
+
+
+class TestDsdOptimStateParamsWithoutGradGuard(TestCase):
+    """A frozen parameter never trained has no optimizer state, and needs none:
+    it gets none when the state is initialized, and a checkpoint without it loads
+    in strict mode."""
+
+    def _model_and_optim(self, device: str) -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = _ModelWithUnusedGate(device)
+        model.gate.requires_grad_(False)
+        optim = torch.optim.AdamW(model.parameters(), lr=0.1)
+        return model, optim
+
+    @parametrize("flatten", [False, True])
+    @with_temp_dir
+    def test_frozen_param_without_state(self, device, flatten):
+        options = StateDictOptions(flatten_optimizer_state_dict=flatten)
+        model, optim = self._model_and_optim(device)
+        for _ in range(2):
+            model(torch.randn(2, 4, device=device)).sum().backward()
+            optim.step()
+            optim.zero_grad()
+        osd = get_optimizer_state_dict(model, optim, options=options)
+        self.assertEqual(len(optim.state), 2)
+        dcp.save({"optim": osd}, checkpoint_id=self.temp_dir)
+
+        for from_dcp in (True, False):
+            new_model, new_optim = self._model_and_optim(device)
+            new_osd = get_optimizer_state_dict(new_model, new_optim, options=options)
+            self.assertEqual(len(new_optim.state), 2)
+            if from_dcp:
+                dcp.load({"optim": new_osd}, checkpoint_id=self.temp_dir)
+            else:
+                new_osd = copy.deepcopy(osd)
+            set_optimizer_state_dict(new_model, new_optim, new_osd, options=options)
+
+            self.assertEqual(new_optim.state_dict(), optim.state_dict())
+            for param in new_model.gate.parameters():
+                self.assertNotIn(param, new_optim.state)
+
 
 instantiate_device_type_tests(TestDsdInitOptimStateGradDtype, globals())
+instantiate_device_type_tests(TestDsdInitOptimStateGradDtypeGuard, globals())
 instantiate_device_type_tests(TestDsdOptimStateParamsWithoutGrad, globals())
+instantiate_device_type_tests(TestDsdOptimStateParamsWithoutGradGuard, globals())
 
 
 if __name__ == "__main__":
