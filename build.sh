@@ -14,8 +14,12 @@ usage() {
 Usage: ./build.sh VERB [ARGS]
 
   demo                 the status table, then the smallest reproducer of each fix this torch
-                       needs, without and with the overlay (about a minute once torch is installed)
+                       needs, without and with the overlay (about a minute once torch is installed);
+                       its last line counts them: "28/28 fixed (...)"
   test [PYTEST ARGS]   run the whole test suite (TORCH_VERSION=2.11.0 ./build.sh test for another torch)
+                       TORCH_OVERLAY_TEST_LEG=light ./build.sh test: CI's light leg, what can differ
+                       between torches (each fix's Quick-Test/Error-Test, the engine, status and explain,
+                       one launcher job), in a few minutes; its summary says why the rest is skipped
   bench [--smoke]      import-time and fix benchmarks (--smoke: each runs tiny, in seconds: that they run)
   status [--json]      python -m torch_overlay status
   verify [IDS] [--quick] [-j N]

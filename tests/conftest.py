@@ -33,3 +33,24 @@ def pytest_collection_modifyitems(config: object, items: list) -> None:
         reason = light_leg_skip(item.nodeid)
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: object) -> None:
+    """On a light leg, why the skipped tests were skipped: one line per reason, with its count."""
+    from tests._legs import LIGHT
+
+    if not LIGHT:
+        return
+    from collections import Counter
+
+    reasons: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):  # type: ignore[attr-defined]
+        longrepr = getattr(report, "longrepr", None)
+        if isinstance(longrepr, tuple) and len(longrepr) == 3:
+            reasons[str(longrepr[2]).removeprefix("Skipped: ")] += 1
+    if not reasons:
+        return
+    write = terminalreporter.write_line  # type: ignore[attr-defined]
+    write(f"light leg (TORCH_OVERLAY_TEST_LEG=light): {sum(reasons.values())} tests skipped; `./build.sh test` without it runs them")
+    for reason, count in reasons.most_common():
+        write(f"  {count} skipped: {reason}")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from torch_overlay._state import PatchState, PatchStatus, Target
-from torch_overlay.cli.report import affected_span, format_status, status_summary, why_needed
+from torch_overlay.cli.report import affected_span, format_late_imports, format_status, status_summary, why_needed
 from torch_overlay.series.patchfile import parse_patch
 from torch_overlay.series.series import Patch
 
@@ -114,3 +114,36 @@ def test_status_text_fits_the_terminal_and_ends_with_a_summary():
     for match in re.finditer(r"^    PR text: patches/(\S+)", proc.stdout, re.M):
         assert (REPO / "patches" / match.group(1)).is_file()
     assert not found or re.search(r"^    bug: found here$", proc.stdout, re.M)
+    # What importing torch first would cost, measured in a fresh Python on this torch.
+    order = " ".join(proc.stdout.split("import order: ", 1)[1].splitlines()[:-1]).split()
+    order = " ".join(order)
+    assert order.startswith("put `import torch_overlay` before `import torch`. A plain `import torch` imports ")
+    assert "torch.nn.utils.clip_grad" in order and "clip-grad-norm-mixed-meshes: changed functions swapped in" in order
+    # torch.utils.checkpoint: imported by `import torch` since 2.13, its fix changes module-level code.
+    sac = next(p for p in report["patches"] if p["id"] == "sac-ignore-runtime-ops")
+    if sac["state"] == "pending":
+        assert "it costs sac-ignore-runtime-ops (imported too late)" in order, order
+    # The CLI is no job: it says none of the job's lines.
+    assert "fixes active" not in proc.stderr and " applied in this process" not in proc.stderr
+
+
+def test_late_import_text_says_what_import_torch_first_costs():
+    lost = {"imported_by_import_torch": ["torch.utils.checkpoint"], "lost": ["sac"], "swapped": ["clip"]}
+    text = format_late_imports(lost)
+    assert "imports torch.utils.checkpoint: imported first, it costs sac (imported too late) (clip: " in text
+    none = format_late_imports({"imported_by_import_torch": ["torch.nn.utils.clip_grad"], "lost": [], "swapped": ["clip"]})
+    assert "it costs no fix on this torch" in none and "torch's other patched modules" in none
+
+
+def test_verify_ends_with_a_closing_count():
+    from types import SimpleNamespace
+
+    from torch_overlay.cli.main import closing_count
+    from torch_overlay.cli.verify import VERDICTS
+
+    fixed = SimpleNamespace(verdict=VERDICTS[(False, True)])
+    assert closing_count([fixed] * 28) == "28/28 fixed (bug present without the overlay, fixed with it)"
+    mixed = [fixed, SimpleNamespace(verdict=VERDICTS[(False, False)]), SimpleNamespace(verdict=VERDICTS[(True, True)])]
+    assert closing_count(mixed) == (
+        "1/3 fixed (bug present without the overlay, fixed with it); 1 NOT FIXED, 1 not needed on this torch"
+    )

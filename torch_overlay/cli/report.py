@@ -154,13 +154,12 @@ def format_late_imports(probe: dict) -> str:
     """What a script that imports torch before torch_overlay loses here (``late_import_probe``)."""
     loaded, lost, swapped = probe["imported_by_import_torch"], probe["lost"], probe["swapped"]
     text = (
-        "import order: put `import torch_overlay` before `import torch`: a plain `import torch` imports "
-        f"{', '.join(loaded) or 'no patched module'}"
+        "import order: put `import torch_overlay` before `import torch`. A plain `import torch` imports "
+        f"{', '.join(loaded) or 'no patched module'}: imported first, it costs "
+        + (f"{', '.join(lost)} (imported too late)" if lost else "no fix on this torch")
     )
-    if lost:
-        text += f"; importing torch first costs {', '.join(lost)} (imported too late)"
-    else:
-        text += "; importing torch first costs no fix on this torch (torch's other modules still would)"
     if swapped:
-        text += f" ({', '.join(swapped)} still applies: its changed functions are swapped in)"
+        text += f" ({', '.join(swapped)}: changed functions swapped in)"
+    if not lost:
+        text += ", but torch's other patched modules (FSDP, DTensor, inductor...) imported before the overlay do"
     return text + ". torch-overlay-run imports the overlay first in every process of a job."
