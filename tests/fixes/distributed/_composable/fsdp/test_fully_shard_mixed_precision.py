@@ -8,11 +8,19 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    parallelize_module,
+    ParallelStyle,
+    SequenceParallel,
+)
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     DTensorTestBase,
     with_comms,
 )
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.fixes._torch_gates import skip_before
 
@@ -148,6 +156,219 @@ class TestFsdpAccumulatedGradUnusedUnit(FullyShardGradAccTestCase):
             ("text", "vision", "head"),
             uses_vision=(False, False, True),
         )
+
+
+class _RecordAllReduceDtypes(TorchDispatchMode):
+    """Records the input dtype of every all-reduce."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: list[torch.dtype] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "all_reduce" in func.name():
+            self.dtypes.append(args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+class TestFsdpGradDtype(DTensorTestBase):
+    """
+    ``fully_shard`` keeps the ``grad_dtype`` set on a parameter: the sharded
+    gradient has that dtype, and without a ``reduce_dtype`` it is also the
+    dtype in which gradients are accumulated and reduced.
+    """
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def _check_grad_dtype(
+        self,
+        param_dtype: torch.dtype,
+        grad_dtype: torch.dtype,
+        mp_policy: MixedPrecisionPolicy,
+        num_microbatches: int,
+    ) -> None:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+        model.to(self.device_type, param_dtype)
+        compute_dtype = mp_policy.param_dtype or param_dtype
+        ref_model = copy.deepcopy(model).to(compute_dtype)
+        for param in model.parameters():
+            param.grad_dtype = grad_dtype
+        # Autograd accumulates the replica's gradients in the dtype FSDP
+        # reduces in: reduce_dtype, else grad_dtype
+        for param in ref_model.parameters():
+            param.grad_dtype = mp_policy.reduce_dtype or grad_dtype
+        mesh = init_device_mesh(self.device_type, (self.world_size,))
+        fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+
+        torch.manual_seed(1 + self.rank)
+        for step in range(num_microbatches):
+            model.set_requires_gradient_sync(step == num_microbatches - 1)
+            x = torch.randn(4, 8, device=self.device_type)
+            model(x.to(param_dtype)).sum().backward()
+            ref_model(x.to(compute_dtype)).sum().backward()
+
+        for param, ref_param in zip(model.parameters(), ref_model.parameters()):
+            ref_grad = ref_param.grad
+            dist.all_reduce(ref_grad)
+            ref_grad = (ref_grad / self.world_size).to(grad_dtype)
+            self.assertEqual(param.grad.dtype, grad_dtype)
+            self.assertEqual(param.grad.full_tensor(), ref_grad)
+
+    @with_comms
+    def test_fp32_grad_dtype_bf16_params(self) -> None:
+        self._check_grad_dtype(
+            torch.bfloat16, torch.float32, MixedPrecisionPolicy(), num_microbatches=2
+        )
+
+    @with_comms
+    def test_bf16_grad_dtype_fp32_params(self) -> None:
+        self._check_grad_dtype(
+            torch.float32,
+            torch.bfloat16,
+            MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+            ),
+            num_microbatches=2,
+        )
+
+    @with_comms
+    def test_grad_dtype_of_some_params(self) -> None:
+        """Parameters of one group with and without a grad_dtype."""
+        torch.manual_seed(0)
+        model = nn.Linear(8, 8, device=self.device_type, dtype=torch.bfloat16)
+        model.weight.grad_dtype = torch.float32
+        mesh = init_device_mesh(self.device_type, (self.world_size,))
+        fully_shard(model, mesh=mesh)
+        x = torch.randn(4, 8, device=self.device_type, dtype=torch.bfloat16)
+        model(x).sum().backward()
+        self.assertEqual(model.weight.grad.dtype, torch.float32)
+        self.assertEqual(model.bias.grad.dtype, torch.bfloat16)
+
+
+class TestFsdpTpAllreduceReduceDtype(DTensorTestBase):
+    """
+    FSDP2 x TP with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``:
+    the gradient of a parameter replicated over TP (a SequenceParallel norm's
+    weight) is ``Partial`` over TP, and FSDP's all-reduce of it runs in
+    ``reduce_dtype``, like the reduce-scatter and like gradients accumulated
+    without reduction.
+    """
+
+    @property
+    def world_size(self) -> int:
+        return 4
+
+    def _init_model(self, with_linear: bool) -> tuple[nn.Module, nn.Module]:
+        torch.manual_seed(0)
+        mesh = init_device_mesh(
+            self.device_type, (2, self.world_size // 2), mesh_dim_names=("dp", "tp")
+        )
+        model = nn.Sequential(nn.LayerNorm(16))
+        if with_linear:
+            model.append(nn.Linear(16, 16))
+        model.to(self.device_type)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.normal_()
+        ref_model = copy.deepcopy(model).to(torch.bfloat16)
+        plan: dict[str, ParallelStyle] = {"0": SequenceParallel()}
+        if with_linear:
+            plan["1"] = ColwiseParallel(input_layouts=Shard(1))
+        parallelize_module(model, mesh["tp"], plan)
+        mp_policy = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        )
+        fully_shard(model, mesh=mesh["dp"], mp_policy=mp_policy)
+        return model, ref_model
+
+    @with_comms
+    def test_sequence_parallel_norm(self) -> None:
+        model, ref_model = self._init_model(with_linear=False)
+        # Each rank holds its own block of a sequence (SequenceParallel's
+        # Shard(1)): the norm's gradients are the sum of every rank's block
+        # gradients in bf16, added in fp32 and divided by the DP size
+        scale = torch.arange(16, device=self.device_type, dtype=torch.float32)
+        torch.manual_seed(1 + self.rank)
+        all_reduces = _RecordAllReduceDtypes()
+        x = torch.randn(2, 4, 16, device=self.device_type) * 3
+        with all_reduces:
+            (model(x).to_local().float() * scale).sum().backward()
+        (ref_model(x.to(torch.bfloat16)).float() * scale).sum().backward()
+        # The TP all-reduces of the norm's weight and bias gradients
+        self.assertEqual(all_reduces.dtypes, [torch.float32] * 2)
+        for param, ref_param in zip(model.parameters(), ref_model.parameters()):
+            ref_grad = ref_param.grad.float()
+            dist.all_reduce(ref_grad)
+            self.assertEqual(param.grad.dtype, torch.float32)
+            self.assertEqual(param.grad.full_tensor(), ref_grad / 2)
+
+    @with_comms
+    def test_group_with_tp_sharded_params(self) -> None:
+        """A group whose TP-sharded parameters' gradients stay in bf16 until
+        the reduce-scatter, beside the norm's, reduced over TP in fp32."""
+        model, _ = self._init_model(with_linear=True)
+        torch.manual_seed(1 + self.rank)
+        x = torch.randn(2, 4, 16, device=self.device_type)
+        all_reduces = _RecordAllReduceDtypes()
+        with all_reduces:
+            model(x).float().sum().backward()
+        # The TP all-reduces of the norm's weight and bias gradients
+        self.assertEqual(all_reduces.dtypes, [torch.float32] * 2)
+        for param in model.parameters():
+            self.assertEqual(param.grad.dtype, torch.float32)
+
+
+class TestFsdpMpDtypesAfterUnfreeze(DTensorTestBase):
+    """
+    Mixed precision after a first forward with every parameter frozen
+    (``requires_grad_(False)``; lazy init then sees no trainable parameter):
+    once unfrozen, gradients are reduced in ``reduce_dtype`` and cast to the
+    parameters' dtype.
+    """
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def _check_unfreeze(self, reduce_dtype: torch.dtype | None, nested: bool) -> None:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+        model.to(self.device_type)
+        ref_model = copy.deepcopy(model).to(torch.bfloat16)
+        mesh = init_device_mesh(self.device_type, (self.world_size,))
+        mp_policy = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype
+        )
+        if nested:
+            fully_shard(model[0], mesh=mesh, mp_policy=mp_policy)
+        fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+
+        torch.manual_seed(1 + self.rank)
+        model.requires_grad_(False)
+        model(torch.randn(4, 8, device=self.device_type))
+        model.requires_grad_(True)
+        x = torch.randn(4, 8, device=self.device_type)
+        model(x).sum().backward()
+        ref_model(x.to(torch.bfloat16)).sum().backward()
+
+        for param, ref_param in zip(model.parameters(), ref_model.parameters()):
+            ref_grad = ref_param.grad.to(reduce_dtype or torch.bfloat16)
+            dist.all_reduce(ref_grad)
+            self.assertEqual(param.grad.dtype, torch.float32)
+            self.assertEqual(
+                param.grad.full_tensor(), (ref_grad / self.world_size).float()
+            )
+
+    @with_comms
+    def test_unfreeze_after_frozen_forward(self) -> None:
+        self._check_unfreeze(torch.float32, nested=False)
+
+    @with_comms
+    def test_unfreeze_after_frozen_forward_nested(self) -> None:
+        self._check_unfreeze(torch.float32, nested=True)
 
 
 if __name__ == "__main__":
