@@ -109,8 +109,11 @@ def is_silent(text: str) -> bool:
 def _outcome(text: str) -> str:
     if is_silent(text):
         return "silent"
-    if headline(text).count("Connection reset by peer") or headline(text).count("Connection closed by peer"):
+    line = headline(text)
+    if "Connection reset by peer" in line or "Connection closed by peer" in line:
         return "peer"
+    if "terminated or timed out after" in line:  # a multi-process test that ran out of time
+        return "timeout"
     return "error"
 
 
@@ -129,7 +132,7 @@ def capture(
     """Run the reproducers of ``patches`` without the overlay; id -> ``{"test", "outcome", "text"}``
     with outcome ``error`` (torch raised), ``silent`` (the test's comparison failed), ``peer`` (a
     multi-process test whose reported rank only lost its peer: the rank that raised is not in the
-    text) or ``passes``."""
+    text), ``timeout`` (a multi-process test ran out of time: nothing learnt) or ``passes``."""
     nodes = {p.id: node for p in patches if (node := error_test(p, version))}
     if not nodes:
         return {}
@@ -164,8 +167,8 @@ def merge_captured(path: Path, version: str, captured: dict[str, dict[str, objec
     """Write ``captured`` into the stored file ``path`` for torch ``version``: the fixes in ``ran``
     get their new entry (or none, when their reproducer passed), the others keep theirs."""
     old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    fixes = {k: v for k, v in old.get("fixes", {}).items() if k not in ran}
-    fixes.update({k: v for k, v in captured.items() if v["outcome"] != "passes"})
+    fixes = {k: v for k, v in old.get("fixes", {}).items() if k not in ran or captured.get(k, {}).get("outcome") == "timeout"}
+    fixes.update({k: v for k, v in captured.items() if v["outcome"] not in ("passes", "timeout")})
     data = {
         "torch": version,
         "note": "what each fix's Error-Test (or Quick-Test) raises without the overlay on this torch; "
@@ -195,9 +198,10 @@ def run_capture(patches_dir: Path, out: Path | None, ids: set[str]) -> int:
     captured = capture(chosen, repo, version)
     out = out or patches_dir / "captured" / f"{release_of(version)}.json"
     merge_captured(out, version, captured, ids or {p.id for p in patches})
-    counts = {word: sum(1 for c in captured.values() if c["outcome"] == word) for word in ("error", "silent", "passes")}
+    counts = {word: sum(1 for c in captured.values() if c["outcome"] == word) for word in ("error", "silent", "passes", "timeout")}
     print(
         f"wrote {out}: torch {version}, {len(captured)} reproducers: {counts['error']} raise, "
         f"{counts['silent']} silent (a wrong value), {counts['passes']} pass without the overlay"
+        + (f", {counts['timeout']} timed out (their entries kept)" if counts["timeout"] else "")
     )
     return 0
