@@ -9,6 +9,8 @@ from torch.testing._internal.common_utils import (
 )
 from torch.testing._internal.inductor_utils import HAS_CPU
 
+from tests.fixes._torch_gates import before
+
 
 class MulAddInPlace(torch.autograd.Function):
     # The returned tensor is changed in place after it was computed: under
@@ -102,6 +104,10 @@ class TestDynamoAutogradFunctionInplaceOutput(torch._dynamo.test_case.TestCase):
         # The captured alias is not a subgraph output, so the outer graph cannot
         # replay the append: compiling must fail with a clear error rather than
         # compile a graph whose gradients are wrong.
+        if not before("2.12") and before("2.13"):
+            # 2.12 has the filter but not the clear error: it fails in the backend.
+            self.skipTest("torch 2.12 fails in the backend instead")
+
         def fn(x, w):
             return MulAddInPlaceCaptured.apply(x, w).sin()
 
