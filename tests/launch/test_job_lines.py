@@ -89,7 +89,7 @@ def test_a_late_import_in_a_two_rank_job_is_warned_once(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     warned = _lines(proc.stderr, "failed: imported too late")
     ids = [line.split("torch_overlay: patch ", 1)[1].split()[0] for line in warned]
-    assert "fsdp-shared-param-grouping-message" in ids and "fsdp-unused-params-backward-order" in ids
+    assert "fsdp-unused-params-backward-order" in ids  # FSDP2's _fsdp_state: lost on every supported torch
     assert len(ids) == len(set(ids)), warned  # rank 0 alone, once each
     # At the script's `import torch_overlay` line, not at the overlay's.
     assert all(line.startswith(f"{tmp_path / 'train.py'}:3: OverlayWarning: ") for line in warned), warned

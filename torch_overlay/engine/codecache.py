@@ -13,12 +13,11 @@ from __future__ import annotations
 import marshal
 import os
 import stat
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .._state import OverlayWarning
+from .voice import warn
 
 __all__ = ["CodeCache"]
 
@@ -79,11 +78,9 @@ class CodeCache:
 
     @staticmethod
     def _refuse(path: Path, why: str) -> bool:
-        warnings.warn(
+        warn(
             f"torch_overlay: the code cache folder {path} {why}; it is not used (patched code is "
-            "compiled in memory). Set TORCH_OVERLAY_CACHE_DIR to a private folder.",
-            OverlayWarning,
-            stacklevel=6,
+            "compiled in memory). Set TORCH_OVERLAY_CACHE_DIR to a private folder."
         )
         return False
 
