@@ -2,6 +2,7 @@
 import torch_overlay  # noqa: F401  # torch_overlay: plumbing
 
 import copy
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -13,10 +14,13 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 )
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     DTensorTestBase,
     with_comms,
 )
+
+from tests.fixes._torch_gates import skip_before
 
 
 class _FakeGroup:
@@ -114,6 +118,82 @@ class TestFsdpGlooGradientDivideFactorOps(TestCase):
             ),
             (None, None, dist.ReduceOp.AVG, dist.ReduceOp.SUM),
         )
+
+
+class _ChunkedLossLM(nn.Module):
+    """Its forward stops at the final norm; the loss runs ``lm_head`` on each
+    chunk of the sequence on its own (chunked cross-entropy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 8) for _ in range(2)])
+        self.norm = nn.LayerNorm(8)
+        self.lm_head = nn.Linear(8, 16, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+    def chunked_loss(self, h: torch.Tensor) -> torch.Tensor:
+        return sum(self.lm_head(chunk).sum() for chunk in h.chunk(2, dim=1))
+
+
+@skip_before("2.13", "a grouped module's partial forward is supported since 2.13")
+class TestFsdpReleaseAllGatherState(TestCase):
+    """
+    With ``fully_shard([norm, lm_head])`` and ``lm_head`` called on its own
+    after the model's forward (chunked loss), the all-gather result of that
+    call is released by the end of backward instead of being kept until the
+    next forward's first all-gather.
+    """
+
+    def setUp(self) -> None:
+        super().setUp()
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+        self.mesh = init_device_mesh("cpu", (2,))
+
+    def tearDown(self) -> None:
+        dist.destroy_process_group()
+        super().tearDown()
+
+    def _sharded_model(self) -> _ChunkedLossLM:
+        model = _ChunkedLossLM()
+        for layer in model.layers:
+            fully_shard(layer, mesh=self.mesh)
+        fully_shard([model.norm, model.lm_head], mesh=self.mesh)
+        fully_shard(model, mesh=self.mesh)
+        return model
+
+    def _step(self, model: _ChunkedLossLM) -> None:
+        comm_ctx = fully_shard.state(model)._comm_ctx
+        loss = model.chunked_loss(model(torch.randn(2, 4, 8)))
+        # The head's last all-gather result is kept for the next all-gather
+        all_gather_state = comm_ctx.all_gather_state
+        self.assertIsNotNone(all_gather_state)
+        all_gather_output = weakref.ref(
+            all_gather_state.all_gather_result.all_gather_output
+        )
+        del all_gather_state
+        loss.backward()
+        self.assertTrue(
+            all_gather_output() is None, "the all-gather output outlives backward"
+        )
+        self.assertTrue(
+            comm_ctx.all_gather_state is None, "all_gather_state is set after backward"
+        )
+
+    def test_released_after_backward(self) -> None:
+        model = self._sharded_model()
+        for _ in range(2):
+            self._step(model)
+
+    def test_released_without_gradient_sync(self) -> None:
+        model = self._sharded_model()
+        model.set_requires_gradient_sync(False)
+        self._step(model)
+        model.set_requires_gradient_sync(True)
+        self._step(model)
 
 
 if __name__ == "__main__":

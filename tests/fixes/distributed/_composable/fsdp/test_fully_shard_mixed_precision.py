@@ -20,6 +20,7 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
     DTensorTestBase,
     with_comms,
 )
+from torch.utils.checkpoint import checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.fixes._torch_gates import skip_before
@@ -155,6 +156,140 @@ class TestFsdpAccumulatedGradUnusedUnit(FullyShardGradAccTestCase):
             _Towers().to(self.device_type),
             ("text", "vision", "head"),
             uses_vision=(False, False, True),
+        )
+
+
+class _GatedNorm(nn.Module):
+    """An RMS norm and a gate: elementwise ops, which accept mixed dtypes, and
+    save their inputs for backward."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm_weight = nn.Parameter(torch.ones(dim))
+        self.gate = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm_weight
+        return h * torch.sigmoid(self.gate)
+
+
+class _Looped(nn.Module):
+    """One block applied twice, with an op between the calls that saves the
+    first call's output."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.block = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.block(x)
+        return self.block(h * h)
+
+
+class TestFsdpAcRecomputeInputCast(DTensorTestBase):
+    """
+    Non-reentrant activation checkpointing around modules sharded with a
+    ``MixedPrecisionPolicy``: the recomputation in backward casts a module's
+    inputs to ``param_dtype``, and its outputs to ``output_dtype``, as the
+    forward did.
+    """
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def _check_checkpoint_parity(
+        self,
+        model: nn.Module,
+        mp_policy: MixedPrecisionPolicy,
+        shard_units: tuple[str, ...],
+    ) -> None:
+        """Runs ``checkpoint(model, x)`` with the ``shard_units`` submodules
+        ("": the root) sharded with ``mp_policy`` and compares its gradients
+        with a replica that casts the same way by hand, without
+        checkpointing."""
+        ref_model = copy.deepcopy(model)
+        mesh = init_device_mesh(self.device_type, (self.world_size,))
+        for name in shard_units:
+            fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=mp_policy)
+        if "" not in shard_units:
+            fully_shard(model, mesh=mesh)
+
+        handles = []
+        for name in shard_units:
+            module = ref_model.get_submodule(name).to(mp_policy.param_dtype)
+            handles.append(
+                module.register_forward_pre_hook(
+                    lambda _, args: tuple(a.to(mp_policy.param_dtype) for a in args)
+                )
+            )
+            if mp_policy.output_dtype is not None:
+                handles.append(
+                    module.register_forward_hook(
+                        lambda _, __, out: out.to(mp_policy.output_dtype)
+                    )
+                )
+
+        torch.manual_seed(1 + self.rank)
+        x = torch.randn(4, 16, device=self.device_type, requires_grad=True)
+        ref_x = x.detach().clone().requires_grad_(True)
+        out = checkpoint(model, x, use_reentrant=False)
+        out.sum().backward()
+        ref_out = ref_model(ref_x)
+        ref_out.sum().backward()
+
+        self.assertEqual(out.dtype, ref_out.dtype)
+        self.assertEqual(x.grad, ref_x.grad)
+        for name, ref_param in ref_model.named_parameters():
+            ref_grad = ref_param.grad.to(torch.float32)
+            dist.all_reduce(ref_grad)
+            ref_grad.div_(self.world_size)
+            grad = model.get_parameter(name).grad
+            self.assertEqual(grad.dtype, torch.float32, msg=name)
+            self.assertEqual(grad.full_tensor(), ref_grad, msg=name)
+        for handle in handles:
+            handle.remove()
+
+    @with_comms
+    def test_checkpointed_linear_gets_cast_inputs(self) -> None:
+        # Uncast: mat1 and mat2 must have the same dtype, in the recomputation
+        torch.manual_seed(0)
+        self._check_checkpoint_parity(
+            nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16)).to(
+                self.device_type
+            ),
+            MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+            ),
+            ("",),
+        )
+
+    @with_comms
+    def test_recomputed_values_keep_their_dtype(self) -> None:
+        # Uncast: the recomputation saves fp32 tensors where the forward saved
+        # bf16 ones (CheckpointError: Recomputed values ... different metadata)
+        torch.manual_seed(0)
+        self._check_checkpoint_parity(
+            _GatedNorm(16).to(self.device_type),
+            MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+            ),
+            ("",),
+        )
+
+    @with_comms
+    def test_recomputed_outputs_get_output_dtype(self) -> None:
+        # The block's first call is recomputed after its pre-backward: its
+        # output, saved by h * h, must be fp32 again
+        torch.manual_seed(0)
+        self._check_checkpoint_parity(
+            _Looped(16).to(self.device_type),
+            MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16,
+                reduce_dtype=torch.float32,
+                output_dtype=torch.float32,
+            ),
+            ("block",),
         )
 
 
