@@ -51,6 +51,7 @@ def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: o
     if not reasons:
         return
     write = terminalreporter.write_line  # type: ignore[attr-defined]
-    write(f"light leg (TORCH_OVERLAY_TEST_LEG=light): {sum(reasons.values())} tests skipped; `./build.sh test` without it runs them")
+    total = sum(reasons.values())
+    write(f"light leg (TORCH_OVERLAY_TEST_LEG=light): {total} tests skipped; `./build.sh test` without it runs them")
     for reason, count in reasons.most_common():
         write(f"  {count} skipped: {reason}")

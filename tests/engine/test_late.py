@@ -245,9 +245,11 @@ def test_a_late_import_of_torch_modules_reads_imported_too_late_never_drift(tmp_
     failed = {pid: reason for pid, (state, reason) in rows.items() if state == "failed"}
     assert failed and all(r.startswith("imported too late: ") for r in failed.values()), failed
     # Two patches of FSDP2's _fsdp_state (2.12-2.15; on 2.11 only the first is needed).
-    shared = [p for p in ("fsdp-unused-params-backward-order", "fsdp-shared-param-grouping-message") if rows[p][0] != "not needed"]
+    fsdp_state = ("fsdp-unused-params-backward-order", "fsdp-shared-param-grouping-message")
+    shared = [p for p in fsdp_state if rows[p][0] != "not needed"]
     assert shared and set(shared) <= set(failed), rows
-    if rows["dtensor-conv-backward-width-shard"][0] not in ("upstream", "not needed"):  # 2.12, 2.13: on top of depthwise
+    # 2.12, 2.13: the width-shard patch is written on top of the depthwise one.
+    if rows["dtensor-conv-backward-width-shard"][0] not in ("upstream", "not needed"):
         assert rows["dtensor-conv-depthwise-channel-shard"][1].startswith("imported too late: ")
         reason = rows["dtensor-conv-backward-width-shard"][1]
         assert reason.startswith("imported too late: it applies on top of dtensor-conv-depthwise-channel-shard")

@@ -41,7 +41,10 @@ LATE_JOB = textwrap.dedent(
     """
 )
 
-LAUNCH = f"import sys; sys.path.insert(0, {str(REPO)!r}); from torch_overlay.launch.launcher import main; sys.exit(main())"
+LAUNCH = (
+    f"import sys; sys.path.insert(0, {str(REPO)!r}); "
+    "from torch_overlay.launch.launcher import main; sys.exit(main())"
+)
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -142,7 +145,10 @@ def test_the_cli_says_no_job_lines():
 def test_a_warning_of_the_launcher_points_at_no_line_of_ours(tmp_path):
     # The console script pip writes for torch-overlay-run: its import line is not the user's code.
     script = tmp_path / "torch-overlay-run"
-    script.write_text(f"import sys\nsys.path.insert(0, {str(REPO)!r})\nfrom torch_overlay.cli.main import main_run\nsys.exit(main_run())\n")
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
+        "from torch_overlay.cli.main import main_run\nsys.exit(main_run())\n"
+    )
     proc = subprocess.run(
         [sys.executable, str(script), sys.executable, "-c", "pass"],
         env=_env(TORCH_OVERLAY="flase"),

@@ -164,7 +164,8 @@ def closing_count(verdicts: list) -> str:
             label = v.verdict.split(":")[0].split(" (")[0]
             others[label] = others.get(label, 0) + 1
     rest = ", ".join(f"{n} {label}" for label, n in others.items())
-    return f"{len(fixed)}/{len(verdicts)} fixed (bug present without the overlay, fixed with it)" + (f"; {rest}" if rest else "")
+    count = f"{len(fixed)}/{len(verdicts)} fixed (bug present without the overlay, fixed with it)"
+    return count + (f"; {rest}" if rest else "")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

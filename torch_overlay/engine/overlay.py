@@ -422,13 +422,13 @@ def job_end_line(entries: list[Entry], rank: str) -> str:
     lost = _lost(entries)
     broken = [e.patch.id for e in entries if e.state in (PatchState.DRIFT, PatchState.FAILED) and e not in lost]
     who = f"rank {rank}" if rank else "this process"
-    parts = [f"{len(applied)} fix{'' if len(applied) == 1 else 'es'} applied in {who}" + (f": {', '.join(applied)}" if applied else "")]
+    head = f"{len(applied)} fix{'' if len(applied) == 1 else 'es'} applied in {who}"
+    parts = [head + (f": {', '.join(applied)}" if applied else "")]
     if unused:
         parts.append(f"{len(unused)} not used (their modules were not imported)")
     if lost:
-        parts.append(
-            f"{len(lost)} lost: imported too late ({', '.join(_late_modules(lost))}): {', '.join(e.patch.id for e in lost)}"
-        )
+        modules, ids = ", ".join(_late_modules(lost)), ", ".join(e.patch.id for e in lost)
+        parts.append(f"{len(lost)} lost: imported too late ({modules}): {ids}")
     if broken:
         parts.append(f"{len(broken)} drifted or failed: {', '.join(broken)}")
     return "torch_overlay: " + "; ".join(parts)
