@@ -151,11 +151,17 @@ def capture(
         )
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
         cmd += ["-p", "torch_overlay.tools.capture_plugin", *sorted(set(nodes.values()))]
-        subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
-        raised: dict[str, str] = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
+        try:
+            subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass  # what ran is in the file; the rest reads "timeout"
+        ran: dict[str, str | None] = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
     result: dict[str, dict[str, object]] = {}
     for pid, node in nodes.items():
-        text = raised.get(node)
+        if node not in ran:
+            result[pid] = {"test": node, "outcome": "timeout"}
+            continue
+        text = ran[node]
         if text is None:
             result[pid] = {"test": node, "outcome": "passes"}
         else:
