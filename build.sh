@@ -32,12 +32,13 @@ Usage: ./build.sh VERB [ARGS]
   stage PYTORCH_SRC [--branch NAME] [--out DIR]
                        one commit per patch with its upstream test and PR body, on a new branch
   (apply, wheel and stage take --patches DIR to use another series)
-  matrix [--out FILE] [--ids ID,...] [VERSIONS]
+  matrix [--out FILE] [--ids ID,...] [--captured DIR] [VERSIONS]
                        verify --quick on each supported torch (2.11.0 2.12.1 2.13.0 2.14.1 2.15.0),
                        one after another in their private venvs; writes docs/matrix.md (or FILE) and fails
                        when a measured cell contradicts a patch's Affects/Introduced/Applied-Upstream
                        (--ids: verify only those fixes; the others read "not run"); also stores
                        what each reproducer raises without the overlay in patches/captured/<release>.json
+                       (or DIR/<release>.json)
   compare TEST_FILE [--timeout S] [-- PYTEST ARGS]
                        run a test file (e.g. PyTorch's own, fetched into a scratch folder) without
                        and with the overlay; list every test whose outcome differs (exit 1 if a
@@ -158,7 +159,7 @@ cmd_demo() {
 SUPPORTED_VERSIONS=(2.11.0 2.12.1 2.13.0 2.14.1 2.15.0)
 
 cmd_matrix() {
-  local out="$ROOT/docs/matrix.md"
+  local out="$ROOT/docs/matrix.md" captured="$ROOT/patches/captured"
   local ids=()
   while [ $# -gt 0 ]; do
     case "$1" in
@@ -168,6 +169,10 @@ cmd_matrix() {
         ;;
       --ids)
         IFS=, read -ra ids <<<"$2"
+        shift 2
+        ;;
+      --captured)
+        captured="$(mkdir -p "$2" && cd "$2" && pwd)"
         shift 2
         ;;
       *) break ;;
@@ -185,7 +190,7 @@ cmd_matrix() {
       ${ids[@]+"${ids[@]}"} >"$reports/$v.verify.json" || true
     echo "== torch $v: what each reproducer raises without the overlay (patches/captured/)" >&2
     PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" -m torch_overlay.tools capture \
-      ${capture_ids[@]+"${capture_ids[@]}"} >&2 || rc=1
+      --out "$captured/$v.json" ${capture_ids[@]+"${capture_ids[@]}"} >&2 || rc=1
   done
   run_py -m torch_overlay.tools matrix "$reports"/*.json --out "$out" || rc=$?
   rm -rf "$reports"

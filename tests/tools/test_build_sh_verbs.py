@@ -68,10 +68,14 @@ def test_matrix_of_the_installed_torch(tmp_path):
     """The matrix of this torch alone, one fix verified (verify --quick), written elsewhere than
     docs/matrix.md; it fails when a cell contradicts a patch's Affects/Introduced/Applied-Upstream."""
     out = tmp_path / "matrix.md"
-    proc = _build_sh("matrix", "--out", str(out), "--ids", FIX, torch.__version__.split("+")[0], timeout=1800)
+    release = torch.__version__.split("+")[0]
+    captured = tmp_path / "captured"
+    proc = _build_sh("matrix", "--out", str(out), "--ids", FIX, "--captured", str(captured), release, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = out.read_text(encoding="utf-8")
     assert re.search(rf"^\| `{FIX}` \| \*\*bug present\*\* \|", table, re.M), table
+    # What the reproducer raised without the overlay, stored for explain's signature test.
+    assert FIX in json.loads((captured / f"{release}.json").read_text(encoding="utf-8"))["fixes"]
 
 
 def test_unknown_verb_fails_with_the_usage():
