@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._state import PatchState
-from ..series.decide import carried_stack, decide
+from ..series.decide import carried_stack, decide, Tried
 from ..series.patchfile import PatchParseError
 from .codecache import CodeCache
 from .components import Component, Entry, ModulePlan
@@ -61,7 +61,8 @@ def decide_component(
     texts = {path: file.read_text(encoding="utf-8") for path, file in component.files.items()}
     excluded: dict[int, str] = {}
     pending = [e.patch for e in component.entries if e.state == PatchState.PENDING]
-    carried = carried_stack(pending, version, texts, python_only=True)
+    tried: Tried = {}  # each reverse diff is tried once over these texts, here or by decide
+    carried = carried_stack(pending, version, texts, python_only=True, tried=tried)
     while True:
         current = dict(texts)
         # The texts as if no patch had been lost to a late import: a later patch of the same file
@@ -82,7 +83,7 @@ def decide_component(
                 outcomes[id(entry)] = Outcome(PatchState.FAILED, excluded[id(entry)], entry.variant)
                 continue
             try:
-                decision = carried.get(entry.patch.id) or decide(entry.patch, version, current, python_only=True)
+                decision = carried.get(entry.patch.id) or decide(entry.patch, version, current, python_only=True, tried=tried)
             except PatchParseError as exc:  # its hunks are parsed only now
                 outcomes[id(entry)] = Outcome(PatchState.FAILED, f"malformed patch: {exc}", None)
                 continue

@@ -39,13 +39,11 @@ def file_signature(file: Path) -> tuple[int, int, int]:
 
 def decision_key(component: Component, version: str) -> str:
     """What the decision of ``component`` depends on, as one string."""
-    import hashlib
-
     parts = [KIND, sys.version, version]
     for entry in component.entries:
         if entry.state == PatchState.PENDING:
             parts.append(entry.patch.id)
-            parts += [hashlib.sha256(v.text.encode()).hexdigest() for v in entry.patch.variants]
+            parts += [v.digest for v in entry.patch.variants]  # from the series index: no patch is read
     for path, file in sorted(component.files.items()):
         parts.append(f"{path}={file}:{file_signature(file)}")
     return "\0".join(parts)

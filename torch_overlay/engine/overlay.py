@@ -22,13 +22,14 @@ from typing import Any, TYPE_CHECKING
 from .._config import Config, load_config, unknown_ids_problem
 from .._state import Mode, OverlayError, PatchState, PatchStatus
 from ..series.decide import decide_by_header
-from ..series.series import Patch, read_series, SeriesError
+from ..series.series import Patch, SeriesError
 from ..series.versions import torch_version
 # Only what activation needs is imported here: `import torch_overlay` is on the path of every
 # job's `import torch` (README, Benchmarks); the rest is imported where it is first used.
 from .components import Component, Entry, group_components
 from .import_failures import FailedImports
 from .importhook import ImportHook
+from .series_index import read_indexed_series
 from .voice import claim_exit_line, says, tell, warn
 
 if TYPE_CHECKING:
@@ -44,12 +45,6 @@ log = logging.getLogger("torch_overlay")
 LATE = "imported too late"
 # A torchrun agent (it starts the ranks, which say the job's lines themselves).
 _AGENT_MODULE = "torch.distributed.launcher.api"
-
-
-def _short_hash(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 class Overlay:
@@ -99,7 +94,7 @@ class Overlay:
                 return
             self._activated = True
             try:
-                patches = read_series(self.config.patches_dir, lazy=True)
+                patches = read_indexed_series(self.config.patches_dir, self._cache)
             except SeriesError as exc:
                 patches = []
                 self.report_problem(str(exc))
@@ -269,7 +264,7 @@ class Overlay:
             if touches_dtensor(modules):
                 clear_dtensor_caches()
             live = [e for e in self._entries if e.live and e.variant is not None]
-            self._salt.set(",".join(f"torch_overlay:{e.patch.id}@{_short_hash(e.variant.text)}" for e in live))
+            self._salt.set(",".join(f"torch_overlay:{e.patch.id}@{e.variant.digest[:12]}" for e in live))
         except Exception as exc:  # noqa: BLE001 - runs inside an import: never break it
             if self.config.strict:
                 raise

@@ -20,7 +20,6 @@ files: they decide on those, and a patch whose fitting variants change no Python
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 from .diff_types import PatchParseError
 from .patchfile import PatchFile
@@ -33,12 +32,22 @@ __all__ = ["apply_variant", "carried_stack", "decide", "decide_by_header", "Deci
 _PRE_RELEASE = re.compile(r"^\s*\d+(\.\d+)*\.?(a|b|rc|dev|alpha|beta)", re.I)
 
 
-@dataclass
 class Decision:
-    state: PatchState  # APPLIED (the diff applies), UPSTREAM or DRIFT
-    reason: str
-    variant: PatchFile | None = None  # the variant that applies or reverse-applies
-    texts: dict[str, str] = field(default_factory=dict)  # APPLIED: path -> patched text
+    """What a patch does to a tree: its state, why, and the variant (a plain class: it is imported
+    by ``import torch_overlay``, where making a dataclass costs about 2 M instructions)."""
+
+    __slots__ = ("state", "reason", "variant", "texts")
+
+    def __init__(
+        self, state: PatchState, reason: str, variant: PatchFile | None = None, texts: dict[str, str] | None = None
+    ) -> None:
+        self.state = state  # APPLIED (the diff applies), UPSTREAM or DRIFT
+        self.reason = reason
+        self.variant = variant  # the variant that applies or reverse-applies
+        self.texts: dict[str, str] = {} if texts is None else texts  # APPLIED: path -> patched text
+
+    def __repr__(self) -> str:
+        return f"Decision({self.state!r}, {self.reason!r}, {self.variant!r})"
 
 
 def apply_variant(
@@ -52,6 +61,29 @@ def apply_variant(
     for diff in variant.files:
         if not python_only or diff.path.endswith(".py"):
             out[diff.path] = apply_file_diff(out[diff.path], diff, reverse)
+    return out
+
+
+# What reverse-applying a variant gave, by the variant and the texts it was tried on: shared by
+# :func:`carried_stack` and :func:`decide` over one tree, so that each is tried once.
+Tried = dict[tuple[object, ...], "dict[str, str] | None"]
+
+
+def _taken_off(variant: PatchFile, texts: dict[str, str], python_only: bool, tried: Tried | None) -> dict[str, str] | None:
+    """The texts of the files ``variant`` changes with its reverse diff applied, or None when it
+    does not reverse-apply; raise ``PatchParseError`` for a malformed variant."""
+    from .hunks import HunkMismatch
+
+    paths = variant.python_paths if python_only else variant.paths
+    key = (variant, python_only, *(texts[p] for p in paths))
+    if tried is not None and key in tried:
+        return tried[key]
+    try:
+        out: dict[str, str] | None = apply_variant(variant, {p: texts[p] for p in paths}, reverse=True, python_only=python_only)
+    except HunkMismatch:
+        out = None
+    if tried is not None:
+        tried[key] = out
     return out
 
 
@@ -75,9 +107,12 @@ def fitting_variants(patch: Patch, version: str) -> list[PatchFile]:
     return [v for v in patch.ordered_variants(version) if version_in(version, v.fields.get("Torch-Versions", ""))]
 
 
-def decide(patch: Patch, version: str, texts: dict[str, str], *, python_only: bool = False) -> Decision:
+def decide(
+    patch: Patch, version: str, texts: dict[str, str], *, python_only: bool = False, tried: Tried | None = None
+) -> Decision:
     """What ``patch`` does to ``texts`` (path -> current text) on torch ``version``; with
-    ``python_only``, what it does to the Python files (an installed torch: the runtime, a wheel)."""
+    ``python_only``, what it does to the Python files (an installed torch: the runtime, a wheel).
+    ``tried``: the reverse diffs :func:`carried_stack` already tried on this tree."""
     by_header = decide_by_header(patch, version)
     if by_header is not None:
         return by_header
@@ -98,11 +133,8 @@ def decide(patch: Patch, version: str, texts: dict[str, str], *, python_only: bo
         if absent or not paths:
             missing.update(absent)
             continue
-        try:
-            apply_variant(variant, texts, reverse=True, python_only=python_only)
+        if _taken_off(variant, texts, python_only, tried) is not None:
             return Decision(PatchState.UPSTREAM, f"torch {version} already has this change ({variant.path.name} reverse-applies)", variant)
-        except HunkMismatch:
-            pass
         if forward is None:
             try:
                 name = variant.path.name
@@ -126,15 +158,15 @@ def decide(patch: Patch, version: str, texts: dict[str, str], *, python_only: bo
 
 
 def carried_stack(
-    patches: list[Patch], version: str, texts: dict[str, str], *, python_only: bool = False
+    patches: list[Patch], version: str, texts: dict[str, str], *, python_only: bool = False, tried: Tried | None = None
 ) -> dict[str, Decision]:
     """By patch id, the ``upstream`` decision of each patch ``texts`` already carry as a stack.
 
     From the last patch to the first, a patch whose reverse diff applies to the texts with the
-    later carried patches taken off is carried. Patches the header decides are left out.
+    later carried patches taken off is carried. Patches the header decides are left out. Pass the
+    same ``tried`` to :func:`decide` over these texts: a reverse diff tried here on the texts it
+    then sees (a file no earlier patch changes) is not tried again.
     """
-    from .hunks import HunkMismatch
-
     carried: dict[str, Decision] = {}
     current = dict(texts)
     for patch in reversed(patches):
@@ -145,9 +177,12 @@ def carried_stack(
             if not paths or any(p not in current for p in paths):
                 continue
             try:
-                current = apply_variant(variant, current, reverse=True, python_only=python_only)
-            except (HunkMismatch, PatchParseError):  # a malformed patch fails its own decision
+                taken = _taken_off(variant, current, python_only, tried)
+            except PatchParseError:  # a malformed patch fails its own decision
                 continue
+            if taken is None:
+                continue
+            current = {**current, **taken}
             reason = f"torch {version} already has this change ({variant.path.name} reverse-applies)"
             carried[patch.id] = Decision(PatchState.UPSTREAM, reason, variant)
             break

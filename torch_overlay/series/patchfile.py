@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,18 +44,117 @@ _KNOWN = frozenset(KNOWN_FIELDS)
 _MULTI = frozenset(MULTI_FIELDS)
 
 
-@dataclass
 class PatchFile:
-    path: Path
-    subject: str
-    fields: dict[str, str]
-    description: str  # the upstream summary
-    parsed: tuple[FileDiff, ...] | None  # the diff; None until ``files`` is first read
-    text: str = field(repr=False, default="")
-    overlay_notes: str = ""  # after `Overlay-Notes:`: for this project only, never staged
-    paths: tuple[str, ...] = ()  # the files the diff changes, read from its headers alone
-    diff_start: int = 0  # index of the diff's first line in ``text.splitlines()``
-    errors: tuple[str, ...] = ()  # the `Error:` lines: what the bug raises (torch_overlay.known)
+    """One patch file: from the file itself (:func:`parse_patch`), or from the series index
+    (:meth:`indexed`, ``engine/series_index.py``), which knows only what ``import torch_overlay``
+    needs. The rest (the text, the description, the notes, the ``Error:`` lines) is then read from
+    the file when first used, and only if the file is still the one that was indexed."""
+
+    # A plain class, not a dataclass: making a dataclass costs about 2 M instructions at import.
+    __slots__ = (
+        "path",
+        "subject",
+        "fields",
+        "parsed",
+        "paths",
+        "_description",
+        "_text",
+        "_overlay_notes",
+        "_diff_start",
+        "_errors",
+        "_digest",
+    )
+
+    def __init__(
+        self,
+        path: Path,
+        subject: str,
+        fields: dict[str, str],
+        description: str,
+        parsed: tuple[FileDiff, ...] | None,  # the diff; None until ``files`` is first read
+        text: str = "",
+        overlay_notes: str = "",  # after `Overlay-Notes:`: for this project only, never staged
+        paths: tuple[str, ...] = (),  # the files the diff changes, read from its headers alone
+        diff_start: int = 0,  # index of the diff's first line in ``text.splitlines()``
+        errors: tuple[str, ...] = (),  # the `Error:` lines: what the bug raises (torch_overlay.known)
+    ) -> None:
+        self.path = path
+        self.subject = subject
+        self.fields = fields
+        self.parsed = parsed
+        self.paths = paths
+        self._description = description  # the upstream summary
+        self._text: str | None = text  # None: not read yet (an indexed patch)
+        self._overlay_notes = overlay_notes
+        self._diff_start = diff_start
+        self._errors = errors
+        self._digest: str | None = None
+
+    @classmethod
+    def indexed(
+        cls, path: Path, subject: str, fields: dict[str, str], paths: tuple[str, ...], digest: str
+    ) -> PatchFile:
+        """The patch as the index describes it; ``digest`` is the sha256 of the indexed text."""
+        patch = cls(path, subject, fields, "", None, paths=paths)
+        patch._text = None
+        patch._digest = digest
+        return patch
+
+    def __repr__(self) -> str:
+        return f"PatchFile({self.path.name!r}, id={self.fields.get('Overlay-Id')!r})"
+
+    def _read(self) -> None:
+        """Read the rest of an indexed patch from its file, which must be the text indexed."""
+        try:
+            full = parse_patch(self.path, lazy=True)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PatchParseError(self.path, 1, f"cannot be read ({exc})") from exc
+        if full.digest != self._digest:
+            raise PatchParseError(
+                self.path, 1, "changed on disk since this process read the series; a new process reads it again"
+            )
+        self._text, self._description, self._overlay_notes = full._text, full._description, full._overlay_notes
+        self._diff_start, self._errors = full._diff_start, full._errors
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._read()
+        return self._text  # type: ignore[return-value]
+
+    @property
+    def description(self) -> str:
+        """The upstream summary."""
+        if self._text is None:
+            self._read()
+        return self._description
+
+    @property
+    def overlay_notes(self) -> str:
+        if self._text is None:
+            self._read()
+        return self._overlay_notes
+
+    @property
+    def diff_start(self) -> int:
+        if self._text is None:
+            self._read()
+        return self._diff_start
+
+    @property
+    def errors(self) -> tuple[str, ...]:
+        if self._text is None:
+            self._read()
+        return self._errors
+
+    @property
+    def digest(self) -> str:
+        """The sha256 of the text (hex): what a decision and the compile caches' salt are keyed on."""
+        if self._digest is None:
+            import hashlib  # here: an indexed patch carries its digest
+
+            self._digest = hashlib.sha256(self.text.encode()).hexdigest()
+        return self._digest
 
     @property
     def files(self) -> tuple[FileDiff, ...]:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .decide import apply_variant, carried_stack, decide
+from .decide import apply_variant, carried_stack, decide, Tried
 from .patchfile import PatchFile
 from .series import Patch, read_series, SeriesError
 from .._state import PatchState
@@ -69,8 +69,8 @@ def series_hash(patches: Iterable[Patch]) -> str:
     return digest.hexdigest()[:10]
 
 
-def _decide(patch: Patch, version: str, texts: dict[str, str], python_only: bool) -> Step:
-    decision = decide(patch, version, texts, python_only=python_only)
+def _decide(patch: Patch, version: str, texts: dict[str, str], python_only: bool, tried: Tried) -> Step:
+    decision = decide(patch, version, texts, python_only=python_only, tried=tried)
     return Step(patch, decision.state, decision.reason, decision.variant)
 
 
@@ -87,13 +87,14 @@ def plan_series(
                 before[path] = text
     texts = dict(before)
     steps = []
-    carried = carried_stack(patches, version, before, python_only=python_only)
+    tried: Tried = {}  # each reverse diff is tried once, by carried_stack or decide
+    carried = carried_stack(patches, version, before, python_only=python_only, tried=tried)
     for patch in patches:
         if patch.id in carried:
             decision = carried[patch.id]
             steps.append(Step(patch, decision.state, decision.reason, decision.variant))
             continue
-        step = _decide(patch, version, texts, python_only)
+        step = _decide(patch, version, texts, python_only, tried)
         if step.state == PatchState.APPLIED:
             texts = apply_variant(step.variant, texts, python_only=python_only)
         steps.append(step)

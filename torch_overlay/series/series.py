@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .patchfile import PatchFile, PatchParseError, parse_patch
@@ -16,13 +15,18 @@ class SeriesError(Exception):
     """The series cannot be read: no such folder, no ``series`` file in it, or an empty one."""
 
 
-@dataclass
 class Patch:
     """One fix: its id and the variants (diffs) that may carry it."""
 
-    id: str
-    variants: list[PatchFile] = field(default_factory=list)
-    error: str | None = None  # set when the patch file could not be parsed
+    __slots__ = ("id", "variants", "error")  # a plain class: `import torch_overlay` makes no dataclass
+
+    def __init__(self, id: str, variants: list[PatchFile] | None = None, error: str | None = None) -> None:
+        self.id = id
+        self.variants: list[PatchFile] = [] if variants is None else variants
+        self.error = error  # set when the patch file could not be parsed
+
+    def __repr__(self) -> str:
+        return f"Patch({self.id!r}, {self.variants!r}, error={self.error!r})"
 
     @property
     def main(self) -> PatchFile | None:

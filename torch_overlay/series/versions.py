@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ Version = tuple[int, int, int]
 SUPPORTED = (">=2.11", "<2.16")
 
 
+# Cached: activation asks the same few versions and specs of every patch (`import torch_overlay`).
+@functools.cache
 def parse_version(text: str) -> Version:
     """``"2.13.0+cpu"`` -> ``(2, 13, 0)``; missing parts count as 0."""
     m = re.match(r"\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?", text)
@@ -49,6 +52,7 @@ def torch_version() -> str:
     return m.group(1)
 
 
+@functools.cache
 def version_in(version: str | Version, spec: str) -> bool:
     """Whether ``version`` satisfies ``spec`` such as ``">=2.11,<2.13"`` (empty: always)."""
     v = parse_version(version) if isinstance(version, str) else version
@@ -89,13 +93,14 @@ def find_file(path: str, module: str) -> Path | None:
     """
     parts = module.split(".")
     rel = path.split("/")
+    # os.path, not pathlib: activation looks up every target file (`import torch_overlay`).
     for depth in range(len(parts) - 1, 0, -1):
         package = sys.modules.get(".".join(parts[:depth]))
         if package is not None and hasattr(package, "__path__"):
             for base in package.__path__:
-                candidate = Path(base, *rel[depth:])
-                if candidate.is_file():
-                    return candidate
+                candidate = os.path.join(base, *rel[depth:])
+                if os.path.isfile(candidate):
+                    return Path(candidate)
             return None
-    candidate = torch_root() / path
-    return candidate if candidate.is_file() else None
+    candidate = os.path.join(torch_root(), path)
+    return Path(candidate) if os.path.isfile(candidate) else None

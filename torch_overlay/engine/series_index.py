@@ -1,0 +1,130 @@
+"""The series as activation needs it, kept in the code cache like ``__pycache__`` keeps bytecode.
+
+``import torch_overlay`` needs, of each patch file, its id, subject, fields, the files its diff
+changes and a digest of its text (a decision and the compile caches' salt are keyed on it).
+Reading and parsing every patch file for that cost more than anything else the overlay adds to
+``import torch``, and grew with the series. The index holds exactly that, as JSON in a code cache
+entry (written atomically, in a private folder, checked before use: :mod:`.codecache`), under a key
+made of what ``stat`` says of each entry of the series folder (name, size, mtime, inode, ctime):
+a patch edited, added, removed or renamed changes the key, and the series is read again. Nothing in
+it is executed, and an entry that is not exactly the expected shape is ignored and rebuilt.
+
+A patch's text is read only when it is needed (:class:`~..series.patchfile.PatchFile`): its hunks,
+when a component is decided; its description and ``Error:`` lines for ``status`` or a hint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, TYPE_CHECKING
+
+from .._version import __version__
+from ..series.patchfile import KNOWN_FIELDS, MULTI_FIELDS, PatchFile
+from ..series.series import Patch, read_series
+
+if TYPE_CHECKING:
+    from .codecache import CodeCache
+
+__all__ = ["read_indexed_series", "series_key"]
+
+# Bump when what the index holds, or how a patch file is parsed, changes shape.
+KIND = "series index 1"
+# A file written this recently may be rewritten within the clock's resolution without its
+# signature changing (git's "racily clean" index entries): such a series is read, not indexed.
+RACY_NS = 2_000_000_000
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def series_key(patches_dir: Path) -> tuple[str, bool]:
+    """The index key of the series folder, from ``stat`` alone, and whether it may be stored now
+    (no entry was changed within the last ``RACY_NS``). Raises ``OSError`` for no such folder."""
+    now = time.time_ns()
+    racy = False
+    parts = [KIND, __version__, ",".join(KNOWN_FIELDS + MULTI_FIELDS), os.path.abspath(patches_dir)]
+    with os.scandir(patches_dir) as entries:
+        listing = []
+        for entry in entries:
+            st = entry.stat()
+            # A write sets the mtime to the clock's now, so the mtime alone says whether it is racy.
+            racy = racy or abs(now - st.st_mtime_ns) < RACY_NS
+            listing.append(f"{entry.name}\0{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}")
+    listing.sort()
+    return "\0".join(parts + listing), not racy
+
+
+def read_indexed_series(patches_dir: Path, cache: CodeCache) -> list[Patch]:
+    """The series of ``patches_dir`` as :func:`~..series.series.read_series` (``lazy``) gives it:
+    from the index when it matches the folder, else read from the files (and indexed)."""
+    if not cache.usable:
+        return read_series(patches_dir, lazy=True)
+    try:
+        key, storable = series_key(patches_dir)
+    except OSError:
+        return read_series(patches_dir, lazy=True)  # says what is wrong with the folder
+    found = cache.load(key, _is_text)
+    if found is not None:
+        patches = _from_index(patches_dir, found[0])
+        if patches is not None:
+            return patches
+    patches = read_series(patches_dir, lazy=True)
+    # The key sees the folder's own entries only: a series that lists files elsewhere is not indexed.
+    inside = all(v.path.parent == patches_dir for p in patches for v in p.variants)
+    if storable and inside and series_key(patches_dir) == (key, True):  # nothing changed while read
+        cache.store(key, _to_index(patches))
+    return patches
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _to_index(patches: list[Patch]) -> str:
+    """The series, in order: one row per patch file (or per file that could not be parsed)."""
+    rows: list[list[Any]] = []
+    for patch in patches:
+        rows += [[v.path.name, v.subject, v.fields, list(v.paths), v.digest] for v in patch.variants]
+        if patch.error is not None:
+            rows.append([patch.id, patch.error])
+    return json.dumps({"kind": KIND, "series": rows}, separators=(",", ":"))
+
+
+def _from_index(patches_dir: Path, text: str) -> list[Patch] | None:
+    """The patches the index describes, or None if it is not exactly what :func:`_to_index` writes."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("kind") != KIND or not isinstance(data.get("series"), list):
+        return None
+    patches: dict[str, Patch] = {}
+    for row in data["series"]:
+        if not isinstance(row, list):
+            return None
+        if len(row) == 2 and all(isinstance(x, str) for x in row):  # a file that could not be parsed
+            patches.setdefault(row[0], Patch(row[0])).error = row[1]
+            continue
+        if len(row) != 5:
+            return None
+        name, subject, fields, paths, digest = row
+        if not (
+            isinstance(name, str)
+            and name == os.path.basename(name)
+            and isinstance(subject, str)
+            and isinstance(fields, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items())
+            and isinstance(fields.get("Overlay-Id"), str)
+            and isinstance(paths, list)
+            and paths
+            and all(isinstance(p, str) and p.startswith("torch/") for p in paths)
+            and isinstance(digest, str)
+            and _DIGEST.fullmatch(digest)
+        ):
+            return None
+        variant = PatchFile.indexed(patches_dir / name, subject, fields, tuple(paths), digest)
+        patches.setdefault(variant.id, Patch(variant.id)).variants.append(variant)
+    return list(patches.values()) if patches else None
