@@ -15,7 +15,6 @@ import os
 import sys
 import threading
 import types
-from collections import Counter
 from collections.abc import MutableMapping
 from typing import Any, TYPE_CHECKING
 
@@ -30,6 +29,7 @@ from .components import Component, Entry, group_components
 from .import_failures import FailedImports
 from .importhook import ImportHook
 from .series_index import read_indexed_series
+from .job_lines import job_end_line, job_start_line, LATE, summary_line
 from .voice import claim_exit_line, says, tell, warn
 
 if TYPE_CHECKING:
@@ -41,8 +41,6 @@ __all__ = ["Overlay"]
 log = logging.getLogger("torch_overlay")
 
 
-# The first words of the reason of a patch lost because its module ran before the overlay.
-LATE = "imported too late"
 # A torchrun agent (it starts the ranks, which say the job's lines themselves).
 _AGENT_MODULE = "torch.distributed.launcher.api"
 
@@ -106,17 +104,9 @@ class Overlay:
             if unknown and patches:
                 self.report_problem(unknown)
             for entry in self._entries:
-                if entry.patch.error:
-                    self._set(entry, PatchState.FAILED, f"malformed patch: {entry.patch.error}")
-                elif not self.config.enabled:
-                    entry.state, entry.reason = PatchState.DISABLED, "TORCH_OVERLAY=0"
-                elif entry.patch.id in self.config.disabled_ids:
-                    entry.state, entry.reason = PatchState.DISABLED, "TORCH_OVERLAY_DISABLE"
-                else:
-                    # Settled by the fields alone: no file of such a patch is read or watched.
-                    decision = decide_by_header(entry.patch, torch_version())
-                    if decision is not None:
-                        self._set(entry, decision.state, decision.reason)
+                settled = _settled_without_files(entry, self.config)
+                if settled is not None:
+                    self._set(entry, *settled)
             self._build_components()
             self._watch()
             for component in {id(c): c for c in self._by_module.values()}.values():
@@ -189,14 +179,6 @@ class Overlay:
                 changed += component.modules[name].code.changed.get(entry.patch.id, [])
         name = entry.variant.path.name if entry.variant else ""
         self._set(entry, PatchState.APPLIED, f"{name}: {', '.join(dict.fromkeys(changed)) or 'new definitions'}")
-
-    @staticmethod
-    def _mode(entry: Entry) -> str:
-        if entry.state != PatchState.APPLIED:
-            return ""
-        if entry.swapped and entry.at_import:
-            return str(Mode.MIXED)
-        return str(Mode.SWAPPED if entry.swapped else Mode.AT_IMPORT)
 
     # ----------------------------------------------------------- import hook
     def _provide(self, module: types.ModuleType) -> tuple[types.CodeType, str] | None:
@@ -302,13 +284,8 @@ class Overlay:
         if self._summary_logged or any(e.state == PatchState.PENDING for e in self._entries):
             return
         self._summary_logged = True
-        if os.environ.get("RANK", "0") != "0":
-            return
-        counts: dict[str, list[str]] = {}
-        for e in self._entries:
-            counts.setdefault(str(e.state), []).append(e.patch.id)
-        parts = "; ".join(f"{state}: {', '.join(ids)}" for state, ids in counts.items())
-        log.info("torch_overlay on torch %s: %s", torch_version(), parts)
+        if os.environ.get("RANK", "0") == "0":
+            log.info("%s", summary_line(self._entries, torch_version()))
 
     # ------------------------------------------------------------ job lines
     def _job_start(self) -> None:
@@ -331,22 +308,7 @@ class Overlay:
 
     def status(self) -> list[PatchStatus]:
         with self._lock:
-            out = []
-            for e in self._entries:
-                main = e.variant or e.patch.main
-                out.append(
-                    PatchStatus(
-                        id=e.patch.id,
-                        title=main.title if main else "",
-                        bug=main.fields.get("Bug", "") if main else "",
-                        targets=tuple(e.targets or e.patch.targets),
-                        state=e.state,
-                        reason=e.reason,
-                        variant=e.variant.path.name if e.variant else "",
-                        mode=self._mode(e),
-                    )
-                )
-            return out
+            return [_status_row(e) for e in self._entries]
 
     def patches(self) -> list[Patch]:
         return [e.patch for e in self._entries]
@@ -378,52 +340,36 @@ class Overlay:
             return originals.get_original(obj, self._entries, self._by_module)
 
 
-def _lost(entries: list[Entry]) -> list[Entry]:
-    return [e for e in entries if e.state == PatchState.FAILED and e.reason.startswith(LATE)]
+def _settled_without_files(entry: Entry, config: Config) -> tuple[PatchState, str] | None:
+    """The state a patch has before any of its files is read: malformed, switched off, or settled
+    by its fields alone (no file of such a patch is read or watched)."""
+    if entry.patch.error:
+        return PatchState.FAILED, f"malformed patch: {entry.patch.error}"
+    if not config.enabled:
+        return PatchState.DISABLED, "TORCH_OVERLAY=0"
+    if entry.patch.id in config.disabled_ids:
+        return PatchState.DISABLED, "TORCH_OVERLAY_DISABLE"
+    decision = decide_by_header(entry.patch, torch_version())
+    return None if decision is None else (decision.state, decision.reason)
 
 
-def _late_modules(entries: list[Entry]) -> list[str]:
-    """The modules imported before the overlay that cost ``entries`` (each reason names it first)."""
-    out = []
-    for e in entries:
-        words = e.reason.split(" was imported before torch_overlay", 1)[0].split()
-        if words:
-            out.append(words[-1])
-    return list(dict.fromkeys(out))
+def _mode(entry: Entry) -> str:
+    if entry.state != PatchState.APPLIED:
+        return ""
+    if entry.swapped and entry.at_import:
+        return str(Mode.MIXED)
+    return str(Mode.SWAPPED if entry.swapped else Mode.AT_IMPORT)
 
 
-def job_start_line(entries: list[Entry], version: str) -> str:
-    """``torch_overlay: torch 2.13.0, 28 fixes active (7 not needed here); ...``."""
-    active = [e for e in entries if e.state in (PatchState.PENDING, PatchState.APPLIED)]
-    lost = _lost(entries)
-    rest = Counter(str(e.state) for e in entries if e not in active and e not in lost)
-    line = (
-        f"torch_overlay: torch {version}, {len(active)} fixes active"
-        + (f" (of {len(entries)}: {', '.join(f'{n} {state}' for state, n in rest.items())})" if rest else "")
-        + "; each applies when torch imports its module"
+def _status_row(e: Entry) -> PatchStatus:
+    main = e.variant or e.patch.main
+    return PatchStatus(
+        id=e.patch.id,
+        title=main.title if main else "",
+        bug=main.fields.get("Bug", "") if main else "",
+        targets=tuple(e.targets or e.patch.targets),
+        state=e.state,
+        reason=e.reason,
+        variant=e.variant.path.name if e.variant else "",
+        mode=_mode(e),
     )
-    if lost:
-        line += (
-            f"; {len(lost)} lost: imported too late ({', '.join(_late_modules(lost))} imported before "
-            f"torch_overlay): {', '.join(e.patch.id for e in lost)}"
-        )
-    return line + ". `python -m torch_overlay status` says more; TORCH_OVERLAY_QUIET=1 hides this."
-
-
-def job_end_line(entries: list[Entry], rank: str) -> str:
-    """``torch_overlay: 12 fixes applied in this process: ...; 16 not used ...``."""
-    applied = [e.patch.id for e in entries if e.state == PatchState.APPLIED]
-    unused = [e for e in entries if e.state == PatchState.PENDING]
-    lost = _lost(entries)
-    broken = [e.patch.id for e in entries if e.state in (PatchState.DRIFT, PatchState.FAILED) and e not in lost]
-    who = f"rank {rank}" if rank else "this process"
-    head = f"{len(applied)} fix{'' if len(applied) == 1 else 'es'} applied in {who}"
-    parts = [head + (f": {', '.join(applied)}" if applied else "")]
-    if unused:
-        parts.append(f"{len(unused)} not used (their modules were not imported)")
-    if lost:
-        modules, ids = ", ".join(_late_modules(lost)), ", ".join(e.patch.id for e in lost)
-        parts.append(f"{len(lost)} lost: imported too late ({modules}): {ids}")
-    if broken:
-        parts.append(f"{len(broken)} drifted or failed: {', '.join(broken)}")
-    return "torch_overlay: " + "; ".join(parts)

@@ -1,0 +1,73 @@
+"""The lines a job prints about the overlay: which torch and how many fixes when torch is first
+imported, which fixes were applied at exit, and the INFO summary (engine/overlay.py says them)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .._state import PatchState
+from .components import Entry
+
+__all__ = ["job_end_line", "job_start_line", "LATE", "summary_line"]
+
+# The first words of the reason of a patch lost because its module ran before the overlay.
+LATE = "imported too late"
+
+
+def _lost(entries: list[Entry]) -> list[Entry]:
+    return [e for e in entries if e.state == PatchState.FAILED and e.reason.startswith(LATE)]
+
+
+def _late_modules(entries: list[Entry]) -> list[str]:
+    """The modules imported before the overlay that cost ``entries`` (each reason names it first)."""
+    out = []
+    for e in entries:
+        words = e.reason.split(" was imported before torch_overlay", 1)[0].split()
+        if words:
+            out.append(words[-1])
+    return list(dict.fromkeys(out))
+
+
+def summary_line(entries: list[Entry], version: str) -> str:
+    """``torch_overlay on torch 2.13.0: applied: a, b; upstream: c`` (logged at INFO, rank 0)."""
+    counts: dict[str, list[str]] = {}
+    for e in entries:
+        counts.setdefault(str(e.state), []).append(e.patch.id)
+    return f"torch_overlay on torch {version}: " + "; ".join(f"{state}: {', '.join(ids)}" for state, ids in counts.items())
+
+
+def job_start_line(entries: list[Entry], version: str) -> str:
+    """``torch_overlay: torch 2.13.0, 28 fixes active (7 not needed here); ...``."""
+    active = [e for e in entries if e.state in (PatchState.PENDING, PatchState.APPLIED)]
+    lost = _lost(entries)
+    rest = Counter(str(e.state) for e in entries if e not in active and e not in lost)
+    line = (
+        f"torch_overlay: torch {version}, {len(active)} fixes active"
+        + (f" (of {len(entries)}: {', '.join(f'{n} {state}' for state, n in rest.items())})" if rest else "")
+        + "; each applies when torch imports its module"
+    )
+    if lost:
+        line += (
+            f"; {len(lost)} lost: imported too late ({', '.join(_late_modules(lost))} imported before "
+            f"torch_overlay): {', '.join(e.patch.id for e in lost)}"
+        )
+    return line + ". `python -m torch_overlay status` says more; TORCH_OVERLAY_QUIET=1 hides this."
+
+
+def job_end_line(entries: list[Entry], rank: str) -> str:
+    """``torch_overlay: 12 fixes applied in this process: ...; 16 not used ...``."""
+    applied = [e.patch.id for e in entries if e.state == PatchState.APPLIED]
+    unused = [e for e in entries if e.state == PatchState.PENDING]
+    lost = _lost(entries)
+    broken = [e.patch.id for e in entries if e.state in (PatchState.DRIFT, PatchState.FAILED) and e not in lost]
+    who = f"rank {rank}" if rank else "this process"
+    head = f"{len(applied)} fix{'' if len(applied) == 1 else 'es'} applied in {who}"
+    parts = [head + (f": {', '.join(applied)}" if applied else "")]
+    if unused:
+        parts.append(f"{len(unused)} not used (their modules were not imported)")
+    if lost:
+        modules, ids = ", ".join(_late_modules(lost)), ", ".join(e.patch.id for e in lost)
+        parts.append(f"{len(lost)} lost: imported too late ({modules}): {ids}")
+    if broken:
+        parts.append(f"{len(broken)} drifted or failed: {', '.join(broken)}")
+    return "torch_overlay: " + "; ".join(parts)
