@@ -1616,13 +1616,11 @@ class TestAotFreshAliasOutputsWithComms(DTensorTestBase):
             for name, p in model.named_parameters():
                 p_ref = ref.get_parameter(name)
                 self.assertEqual(p.grad.full_tensor(), p_ref.grad, msg=name)
+            self.assertTrue(model.gate._parameters["weight"]._local_tensor.is_leaf)
             opt_ref.step()
             opt.step()
             opt_ref.zero_grad()
             opt.zero_grad()
-        # Checked after the steps, so that without the fix the test fails as the job does:
-        # step 1's backward runs into step 0's freed graph.
-        self.assertTrue(model.gate._parameters["weight"]._local_tensor.is_leaf)
 
 
 class TestDtensorCompileCacheRankKey(TestCase):
