@@ -140,7 +140,7 @@ cmd_test() {
   cache="$(mktemp -d)"
   # A private inductor cache: a graph cached by another run must not hide a bug or a fix.
   TORCHINDUCTOR_CACHE_DIR="$cache" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
-    "$py" -m pytest -q -p no:cacheprovider -o addopts="" $(test_paths_given "$@" || echo tests) "$@" || rc=$?
+    "$py" -m pytest -q -p no:cacheprovider -o addopts="" --durations=15 $(test_paths_given "$@" || echo tests) "$@" || rc=$?
   rm -rf "$cache"
   return $rc
 }
