@@ -157,7 +157,8 @@ class CheckRanksEnvironmentTest(TestCase):
             for folder in (short, edited):
                 folder.mkdir()
                 for f in patches.iterdir():
-                    (folder / f.name).write_text(f.read_text())
+                    if f.is_file():  # the series' files, not patches/captured/
+                        (folder / f.name).write_text(f.read_text())
             series = (patches / "series").read_text().split()
             # Drop the last patch with its variants (files of one patch share the number).
             number = series[-1].split("-", 1)[0]
