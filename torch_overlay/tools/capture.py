@@ -123,6 +123,8 @@ def headline(text: str) -> str:
     lines = text.rstrip().splitlines()
     starts = [i for i, line in enumerate(lines) if re.match(r"^[A-Za-z_][\w.]*(: |$)", line)]
     first = lines[starts[-1]] if starts else (lines[-1] if lines else "")
+    # A set printed in a message has no order ({torch.bfloat16, torch.float32} or the reverse).
+    first = re.sub(r"\{([^{}]*)\}", lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", first)
     return re.sub(r"0x[0-9a-f]+|\d+", "#", " ".join(first.split()))
 
 
