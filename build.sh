@@ -42,7 +42,8 @@ Usage: ./build.sh VERB [ARGS]
   compare TEST_FILE [--timeout S] [-- PYTEST ARGS]
                        run a test file (e.g. PyTorch's own, fetched into a scratch folder) without
                        and with the overlay; list every test whose outcome differs (exit 1 if a
-                       test that passes without the overlay fails with it)
+                       test that passes without the overlay fails with it), and each test's time
+                       both ways, flagging a SLOWDOWN (over x1.2 and 5 s more with the overlay)
   python               print the path of the Python interpreter used for TORCH_VERSION
   help                 this text
 

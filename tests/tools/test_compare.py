@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 import textwrap
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from torch_overlay.tools.compare import Difference, compare, run_compare
+from torch_overlay.tools import compare as compare_module
+from torch_overlay.tools.compare import Difference, Slowdown, compare, durations, run_compare, slowdowns
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -139,3 +141,55 @@ def test_a_timeout_ends_the_spawned_processes_and_shows_pytests_output(tmp_path:
     except FileNotFoundError:
         state = "gone"
     assert state in ("gone", "Z"), state
+
+
+def test_slowdowns_need_both_the_ratio_and_the_seconds() -> None:
+    without = {"fast": 0.01, "long": 100.0, "slow": 10.0, "zero": 0.0}
+    with_ = {"fast": 0.5, "long": 110.0, "slow": 16.0, "zero": 6.0, "new": 50.0}
+    found = slowdowns(without, with_)
+    assert found == [Slowdown("slow", 10.0, 16.0), Slowdown("zero", 0.0, 6.0)]
+    assert found[0].ratio == pytest.approx(1.6) and found[1].ratio == float("inf")
+    assert slowdowns(without, with_, ratio=1.05, seconds=1.0) == [
+        Slowdown("long", 100.0, 110.0),
+        Slowdown("slow", 10.0, 16.0),
+        Slowdown("zero", 0.0, 6.0),
+    ]
+
+
+def test_durations_read_from_the_junit_report(tmp_path: Path) -> None:
+    report = tmp_path / "junit.xml"
+    report.write_text(
+        '<testsuites><testsuite><testcase classname="m.C" name="test_a" time="12.5"/>'
+        '<testcase classname="m.C" name="test_b"><skipped/></testcase></testsuite></testsuites>'
+    )
+    assert durations(report) == {"m.C::test_a": 12.5, "m.C::test_b": 0.0}
+
+
+_SLOWER = '''
+import os
+import time
+
+
+def test_slower_with_the_overlay():
+    time.sleep(1.5 if os.environ["TORCH_OVERLAY"] == "1" else 0.0)
+
+
+def test_quick():
+    pass
+'''
+
+
+def test_lists_times_and_flags_a_slowdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "test_slower.py"
+    path.write_text(_SLOWER, encoding="utf-8")
+    # the real thresholds (5 s) would make this test slow
+    monkeypatch.setattr(compare_module, "SLOWDOWN_SECONDS", 1.0)
+    out = io.StringIO()
+    assert run_compare(path, out=out) == 0  # a slowdown is a finding, not a failure
+    text = out.getvalue()
+    assert "time of the tests that pass both ways (without -> with, ratio):\n" in text
+    line = r"\n  SLOWDOWN test_slower::test_slower_with_the_overlay: 0\.\d s -> 1\.\d s \(x\d+\.\d\d\)\n"
+    assert re.search(line, text), text
+    assert "(1 test(s) under 1 s either way not listed)" in text
+    assert "1 test(s) slower with the overlay (over x1.2 and 1 s more;" in text
+    assert "no test of test_slower.py changes outcome with the overlay (2 tests)" in text

@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Run TEST_FILE (e.g. one of PyTorch's own test files for a module a patch touches, "
         "fetched into a scratch folder) with pytest twice, through the launcher: without and with the "
         "overlay, each with its own compile caches. List every test whose outcome differs; exit 1 if "
-        "one that passes without the overlay fails with it.",
+        "one that passes without the overlay fails with it. Also list each test's time both ways and "
+        "flag a SLOWDOWN (over x1.2 and 5 s more with the overlay; reported, not a failure).",
     )
     p.add_argument("test_file", type=Path, metavar="TEST_FILE")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per run (default: none)")

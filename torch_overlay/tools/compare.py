@@ -4,7 +4,9 @@ Runs a test file, typically one of PyTorch's own for a module a patch touches (f
 folder, never into this repository), twice: without the overlay and with it, both through the
 launcher so that every process imports torch_overlay first, each with its own compile caches. Every
 test whose outcome differs is listed. A test that passes without the overlay and fails (or errors)
-with it is a regression: the exit status is then 1.
+with it is a regression: the exit status is then 1. Each test's time on both sides is listed too, with
+its ratio, and a test that passes both ways but takes much longer with the overlay is flagged as a
+slowdown (a finding to look into, not a failure: one run of each side on a shared machine is noisy).
 """
 
 from __future__ import annotations
@@ -21,9 +23,15 @@ from typing import TextIO
 
 from ..launch.env import launch_env
 
-__all__ = ["Difference", "compare", "outcomes", "run_compare"]
+__all__ = ["Difference", "Slowdown", "compare", "durations", "outcomes", "run_compare", "slowdowns"]
 
 _STATES = (("failure", "fail"), ("error", "error"), ("skipped", "skipped"))
+# A test is flagged as slower with the overlay when both of these are exceeded: the ratio alone
+# flags noise in tests of a few milliseconds, the seconds alone flag noise in long tests.
+SLOWDOWN_RATIO = 1.2
+SLOWDOWN_SECONDS = 5.0
+# Tests shorter than this either way are left out of the table of times.
+_LIST_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -37,13 +45,45 @@ class Difference:
         return self.without == "pass" and self.with_ in ("fail", "error", "absent")
 
 
+@dataclass(frozen=True)
+class Slowdown:
+    test: str
+    without: float
+    with_: float
+
+    @property
+    def ratio(self) -> float:
+        return self.with_ / self.without if self.without > 0 else float("inf")
+
+
+def _test_cases(report: Path) -> list[tuple[str, ET.Element]]:
+    root = ET.parse(report).getroot()
+    return [(f"{case.get('classname', '')}::{case.get('name', '')}", case) for case in root.iter("testcase")]
+
+
 def outcomes(report: Path) -> dict[str, str]:
     """``classname::name`` -> pass, fail, error or skipped, from a JUnit XML report."""
     out: dict[str, str] = {}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        state = next((s for tag, s in _STATES if case.find(tag) is not None), "pass")
-        out[f"{case.get('classname', '')}::{case.get('name', '')}"] = state
+    for name, case in _test_cases(report):
+        out[name] = next((s for tag, s in _STATES if case.find(tag) is not None), "pass")
     return out
+
+
+def durations(report: Path) -> dict[str, float]:
+    """``classname::name`` -> seconds (setup, call and teardown), from a JUnit XML report."""
+    return {name: float(case.get("time") or 0.0) for name, case in _test_cases(report)}
+
+
+def slowdowns(
+    without: dict[str, float],
+    with_: dict[str, float],
+    *,
+    ratio: float = SLOWDOWN_RATIO,
+    seconds: float = SLOWDOWN_SECONDS,
+) -> list[Slowdown]:
+    """Tests that take more than ``ratio`` times as long, and ``seconds`` more, with the overlay."""
+    found = [Slowdown(t, without[t], with_[t]) for t in sorted(without.keys() & with_.keys())]
+    return [s for s in found if s.with_ - s.without > seconds and s.with_ > ratio * s.without]
 
 
 def compare(without: dict[str, str], with_: dict[str, str]) -> list[Difference]:
@@ -98,7 +138,7 @@ def run_compare(
         out.write(f"error: {test_file} is not a file\n")
         return 2
     with tempfile.TemporaryDirectory(prefix="torch_overlay-compare-") as tmp:
-        sides = {}
+        sides, times = {}, {}
         for overlay in (False, True):
             report = _run(test_file, pytest_args or [], overlay, Path(tmp), timeout)
             if not report.is_file():
@@ -108,8 +148,14 @@ def run_compare(
                 out.write(_tail(Path(tmp) / f"pytest-{side}.log"))
                 return 2
             sides[overlay] = outcomes(report)
+            times[overlay] = durations(report)
     without, with_ = sides[False], sides[True]
     diffs = compare(without, with_)
+    # Only tests that pass both ways are timed against each other: a failure can end a test early.
+    both_pass = {t for t, v in without.items() if v == "pass" and with_.get(t) == "pass"}
+    t_without = {t: s for t, s in times[False].items() if t in both_pass}
+    t_with = {t: s for t, s in times[True].items() if t in both_pass}
+    slow = slowdowns(t_without, t_with, ratio=SLOWDOWN_RATIO, seconds=SLOWDOWN_SECONDS)
     counts = {
         name: {s: sum(1 for v in side.values() if v == s) for s in ("pass", "fail", "error", "skipped")}
         for name, side in (("without", without), ("with", with_))
@@ -121,6 +167,7 @@ def run_compare(
     if both:
         out.write(f"failing without and with the overlay ({len(both)}):\n")
         out.writelines(f"  {test}: {without[test]}\n" for test in both)
+    _write_times(out, t_without, t_with, slow)
     if not diffs:
         out.write(f"no test of {test_file.name} changes outcome with the overlay ({len(without)} tests)\n")
         return 0
@@ -128,3 +175,22 @@ def run_compare(
     for d in diffs:
         out.write(f"  {'REGRESSION ' if d.regression else ''}{d.test}: {d.without} -> {d.with_}\n")
     return 1 if any(d.regression for d in diffs) else 0
+
+
+def _write_times(out: TextIO, without: dict[str, float], with_: dict[str, float], slow: list[Slowdown]) -> None:
+    listed = sorted(t for t in without if max(without[t], with_[t]) >= _LIST_SECONDS)
+    flagged = {s.test for s in slow}
+    if listed:
+        out.write("time of the tests that pass both ways (without -> with, ratio):\n")
+        for t in listed:
+            ratio = Slowdown(t, without[t], with_[t]).ratio
+            mark = "SLOWDOWN " if t in flagged else ""
+            out.write(f"  {mark}{t}: {without[t]:.1f} s -> {with_[t]:.1f} s (x{ratio:.2f})\n")
+    if len(listed) < len(without):
+        out.write(f"  ({len(without) - len(listed)} test(s) under {_LIST_SECONDS:g} s either way not listed)\n")
+    if slow:
+        out.write(
+            f"{len(slow)} test(s) slower with the overlay (over x{SLOWDOWN_RATIO:g} and {SLOWDOWN_SECONDS:g} s more;"
+            " one run each way: rerun, or count what the test does, before blaming a patch):\n"
+        )
+        out.writelines(f"  SLOWDOWN {s.test}: {s.without:.1f} s -> {s.with_:.1f} s (x{s.ratio:.2f})\n" for s in slow)
