@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
@@ -57,21 +56,74 @@ def default_cache_dir(env: Mapping[str, str]) -> Path:
     return base / "torch_overlay"
 
 
-@dataclass(frozen=True)
 class Config:
-    enabled: bool  # TORCH_OVERLAY=0 turns the overlay off
-    disabled_ids: frozenset[str]  # TORCH_OVERLAY_DISABLE=id,id
-    strict: bool  # TORCH_OVERLAY_STRICT=1 raises instead of warning
-    patches_dir: Path  # TORCH_OVERLAY_PATCHES=dir (default: the shipped series)
-    code_cache: bool = True  # TORCH_OVERLAY_CODE_CACHE=0 compiles patched code in memory only
-    children: bool = True  # TORCH_OVERLAY_CHILDREN=0: child Pythons do not inherit the overlay
-    check_ranks: str = "off"  # TORCH_OVERLAY_CHECK_RANKS=warn|fail (1 = warn): see checks/ranks_hook.py
-    quiet: bool = False  # TORCH_OVERLAY_QUIET=1: no job lines (which torch, which fixes); warnings stay
-    cache_dir: Path = field(default_factory=lambda: default_cache_dir(os.environ))
-    # One message per switch whose value was not understood (and what was done instead), and per
-    # TORCH_OVERLAY_* variable that is no switch. load_config does not warn: the engine reports
-    # them once per job (engine/voice.py), or raises under strict.
-    problems: tuple[str, ...] = ()
+    """The switches as read (immutable; a plain class: see ``_state``'s docstring)."""
+
+    FIELDS = (
+        "enabled",
+        "disabled_ids",
+        "strict",
+        "patches_dir",
+        "code_cache",
+        "children",
+        "check_ranks",
+        "quiet",
+        "cache_dir",
+        "problems",
+    )
+
+    def __init__(
+        self,
+        enabled: bool,  # TORCH_OVERLAY=0 turns the overlay off
+        disabled_ids: frozenset[str],  # TORCH_OVERLAY_DISABLE=id,id
+        strict: bool,  # TORCH_OVERLAY_STRICT=1 raises instead of warning
+        patches_dir: Path,  # TORCH_OVERLAY_PATCHES=dir (default: the shipped series)
+        code_cache: bool = True,  # TORCH_OVERLAY_CODE_CACHE=0 compiles patched code in memory only
+        children: bool = True,  # TORCH_OVERLAY_CHILDREN=0: child Pythons do not inherit the overlay
+        check_ranks: str = "off",  # TORCH_OVERLAY_CHECK_RANKS=warn|fail (1 = warn): see checks/ranks_hook.py
+        quiet: bool = False,  # TORCH_OVERLAY_QUIET=1: no job lines (which torch, which fixes); warnings stay
+        cache_dir: Path | None = None,  # None: default_cache_dir(os.environ)
+        # One message per switch whose value was not understood (and what was done instead), and per
+        # TORCH_OVERLAY_* variable that is no switch. load_config does not warn: the engine reports
+        # them once per job (engine/voice.py), or raises under strict.
+        problems: tuple[str, ...] = (),
+    ) -> None:
+        self.__dict__.update(
+            enabled=enabled,
+            disabled_ids=disabled_ids,
+            strict=strict,
+            patches_dir=patches_dir,
+            code_cache=code_cache,
+            children=children,
+            check_ranks=check_ranks,
+            quiet=quiet,
+            cache_dir=default_cache_dir(os.environ) if cache_dir is None else cache_dir,
+            problems=problems,
+        )
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Config is immutable: cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Config is immutable: cannot delete field {name!r}")
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple(self.__dict__[k] for k in self.FIELDS)
+
+    def __repr__(self) -> str:
+        return f"Config({', '.join(f'{k}={self.__dict__[k]!r}' for k in self.FIELDS)})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def replace(self, **changes: object) -> Config:
+        """A copy with ``changes`` (``dataclasses.replace``'s job)."""
+        return Config(**{**self.__dict__, **changes})  # type: ignore[arg-type]
 
 
 def parse_switch(name: str, value: str | None, default: bool) -> tuple[bool, str | None]:

@@ -1,9 +1,14 @@
-"""The words every part of the overlay uses for what a patch does: its state, its targets, its row."""
+"""The words every part of the overlay uses for what a patch does: its state, its targets, its row.
+
+Plain classes, not dataclasses: this module is on the path of every ``import torch`` under the
+overlay, and ``@dataclass`` compiles each generated method at import (about 3 M instructions per
+class, i.e. more than the rest of the module). ``tests/test_records.py`` holds them to the
+dataclass behaviour they replace (fields, equality, hashing, repr).
+"""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
 __all__ = ["Mode", "OverlayError", "OverlayWarning", "PatchState", "PatchStatus", "Target"]
 
@@ -35,12 +40,36 @@ class Mode(enum.StrEnum):
     MIXED = "at import, swapped"
 
 
-@dataclass(frozen=True)
 class Target:
-    """A file a patch changes: its path in torch's tree and the module it defines."""
+    """A file a patch changes: its path in torch's tree and the module it defines (immutable)."""
 
+    __slots__ = ("path", "module")
     path: str  # "torch/distributed/tensor/_api.py"
     module: str  # "torch.distributed.tensor._api" ("" for a compiled source: "torch/csrc/...cpp")
+
+    def __init__(self, path: str, module: str) -> None:
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "module", module)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Target is immutable: cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Target is immutable: cannot delete field {name!r}")
+
+    def __repr__(self) -> str:
+        return f"Target(path={self.path!r}, module={self.module!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (self.path, self.module) == (other.path, other.module)  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.module))
+
+    def __reduce__(self) -> tuple[type[Target], tuple[str, str]]:
+        return (Target, (self.path, self.module))
 
     @classmethod
     def from_path(cls, path: str) -> Target:
@@ -52,19 +81,47 @@ class Target:
         return cls(path, ".".join(parts))
 
 
-@dataclass
 class PatchStatus:
-    id: str
-    title: str
-    bug: str
-    targets: tuple[Target, ...]
-    state: PatchState
-    reason: str
-    variant: str = ""  # file name of the variant that applied / matched
-    mode: str = ""  # a Mode when applied
+    """One patch's row: what ``torch_overlay.status()`` gives and ``status`` prints."""
+
+    FIELDS = ("id", "title", "bug", "targets", "state", "reason", "variant", "mode")
+
+    def __init__(
+        self,
+        id: str,
+        title: str,
+        bug: str,
+        targets: tuple[Target, ...],
+        state: PatchState,
+        reason: str,
+        variant: str = "",  # file name of the variant that applied / matched
+        mode: str = "",  # a Mode when applied
+    ) -> None:
+        self.id = id
+        self.title = title
+        self.bug = bug
+        self.targets = targets
+        self.state = state
+        self.reason = reason
+        self.variant = variant
+        self.mode = mode
+
+    def __repr__(self) -> str:
+        return f"PatchStatus({', '.join(f'{k}={getattr(self, k)!r}' for k in self.FIELDS)})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, k) == getattr(other, k) for k in self.FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it replaces
+
+    def replace(self, **changes: object) -> PatchStatus:
+        """A copy with ``changes`` (``dataclasses.replace``'s job)."""
+        return PatchStatus(**{**{k: getattr(self, k) for k in self.FIELDS}, **changes})  # type: ignore[arg-type]
 
     def as_dict(self) -> dict[str, object]:
-        out = dict(self.__dict__)
+        out = {k: getattr(self, k) for k in self.FIELDS}
         out["targets"] = [t.path for t in self.targets]
         out["state"] = str(self.state)
         return out

@@ -1,7 +1,6 @@
 # Owner(s): ["oncall: distributed"]
 """check_ranks: ranks running a different torch or different overlay fixes are named."""
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -51,7 +50,7 @@ class CheckRanksTest(DTensorTestBase):
     def test_state_differs_on_one_rank(self) -> None:
         rows = torch_overlay.status()
         if self.rank == 2:
-            rows = [dataclasses.replace(r, state="disabled") if r.id == PATCH_ID else r for r in rows]
+            rows = [r.replace(state="disabled") if r.id == PATCH_ID else r for r in rows]
         with mock.patch.object(torch_overlay, "status", return_value=rows):
             report = check_ranks()
         self.assertFalse(report.ok)

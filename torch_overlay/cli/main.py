@@ -55,6 +55,15 @@ print(json.dumps({"loaded": loaded, "rows": [[r.id, str(r.state), r.reason] for 
 """
 
 
+# Said by `status`: what a cold code cache costs, and how to pay it once ahead of a job.
+COLD_CACHE_NOTE = (
+    "The first import of a patched module after installing torch_overlay or upgrading torch compiles "
+    "it (in every process that finds the cache cold: each rank of a job starting together); the code "
+    "is kept in {folder} for the next ones. `python -m torch_overlay warm` compiles every patched "
+    "module ahead, without importing them: run it once per machine (and user) before a job."
+)
+
+
 def late_import_probe() -> dict[str, object] | None:
     """What importing torch before torch_overlay does here, measured in a fresh Python: the patched
     modules ``import torch`` loads, the fixes it costs and those swapped in late; None if it cannot run."""
@@ -106,10 +115,28 @@ def cmd_status(args: argparse.Namespace) -> int:
         if probe is not None:
             print("\n".join(wrap(format_late_imports(probe), width)))
         print(status_summary(rows, len(problems)))
+        print("\n".join(wrap(COLD_CACHE_NOTE.format(folder=torch_overlay._overlay.config.cache_dir / "code"), width)))
     for problem in problems:
         print(f"problem: {problem}", file=sys.stderr)
     bad = [r for r in rows if r.state in ("drift", "failed")]
     return 1 if bad or problems else 0
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    from ..engine.warm import warm
+
+    overlay = torch_overlay._overlay
+    if not overlay.config.enabled:
+        print("torch_overlay is disabled here (TORCH_OVERLAY=0): nothing to compile", file=sys.stderr)
+        return 0
+    report = warm(overlay)
+    if args.json:
+        print(json.dumps({"torch": torch_version(), "folder": report.folder, "compiled": report.compiled, "cached": report.cached}))
+    else:
+        print(f"torch {torch_version()}: {report.line()}")
+    for problem in overlay.problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    return 1 if report.folder is None or overlay.problems else 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -139,16 +166,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.needed:
         needed = needed_ids(patches)
         patches = [p for p in patches if p.id in needed]
+    left_out: list = []
+    if args.budget is not None:
+        from .budget import within_budget
+        from .timings import Timings
+
+        patches, left_out = within_budget(patches, Timings(torch_version(), "quick" if args.quick else "full"), args.budget)
     verdicts = verify(
         patches, repo, quick=args.quick, jobs=args.jobs, timeout=args.timeout,
         torch_version=torch_version(), progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     if args.json:
-        print(json.dumps({"torch": torch_version(), "verdicts": [v.as_dict() for v in verdicts]}, indent=2))
+        left = {"left_out": [p.id for p in left_out]} if args.budget is not None else {}
+        print(json.dumps({"torch": torch_version(), "verdicts": [v.as_dict() for v in verdicts], **left}, indent=2))
     else:
         what = "the smallest reproducer of each fix" if args.quick else "each fix's reproducer tests"
         print(f"torch {torch_version()}: {what}, without and with the overlay")
         print(format_verdicts(verdicts, shutil.get_terminal_size((120, 24)).columns - 8))
+        if left_out:
+            print(
+                f"{len(left_out)} fix(es) left out to finish within {args.budget:.0f} s (their reproducers took "
+                f"longest last time: {', '.join(p.id for p in left_out)}); `verify` without --budget runs them"
+            )
         print(closing_count(verdicts))
     # A fix whose tests all skipped here is reported, not failed: nothing showed it broken.
     broken = [v for v in verdicts if v.verdict.startswith(("NOT FIXED", "REGRESSION", "could not run the"))]
@@ -190,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--lazy", action="store_true", help="do not import the target modules first")
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser(
+        "warm",
+        help="compile every patched module into the code cache ahead of a job (what the first import after an install does)",
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_warm)
     p = sub.add_parser("verify", help="run each reproducer without and with the overlay")
     p.add_argument("ids", nargs="*", help="patch ids (default: all)")
     p.add_argument("--json", action="store_true")
@@ -197,6 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="only each fix's smallest test (its Quick-Test field)")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="pytest runs at a time (default: cores)")
     p.add_argument("--needed", action="store_true", help="only the fixes the installed torch needs")
+    p.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="leave out the slowest reproducers (by the last run's times) to finish in about SECONDS",
+    )
     p.set_defaults(func=cmd_verify)
     p = sub.add_parser(
         "explain",

@@ -1,13 +1,13 @@
 """Group the patches the installed torch may need into components: patches that share a file.
 
 A component is decided as one (see :mod:`.decider`), so a file is always patched by every one of
-its patches in series order, as ``apply`` does on a checkout.
+its patches in series order, as ``apply`` does on a checkout. The records are plain classes, not
+dataclasses (see ``_state``'s docstring: this module is imported with every ``import torch``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,40 +24,56 @@ if TYPE_CHECKING:
 __all__ = ["Component", "Entry", "group_components", "ModulePlan"]
 
 
-@dataclass(eq=False)
 class Entry:
-    """One patch in this process: its state and what it changed."""
+    """One patch in this process: its state and what it changed (compared by identity)."""
 
-    patch: Patch
-    state: PatchState = PatchState.PENDING
-    reason: str = ""
-    variant: PatchFile | None = None
-    component: Component | None = None
-    plans: list[SwapPlan] = field(default_factory=list)  # late path: committed swaps
-    swapped: set[str] = field(default_factory=set)  # modules whose functions were swapped
-    at_import: set[str] = field(default_factory=set)  # modules that executed the patched source
-    changes: set[str] = field(default_factory=set)  # modules this patch's variant changes
-    # The files of the variants written for this torch whose files all exist in it
-    targets: list[Target] = field(default_factory=list)
-    warned: bool = False
+    def __init__(self, patch: Patch, state: PatchState = PatchState.PENDING, reason: str = "") -> None:
+        self.patch = patch
+        self.state = state
+        self.reason = reason
+        self.variant: PatchFile | None = None
+        self.component: Component | None = None
+        self.plans: list[SwapPlan] = []  # late path: committed swaps
+        self.swapped: set[str] = set()  # modules whose functions were swapped
+        self.at_import: set[str] = set()  # modules that executed the patched source
+        self.changes: set[str] = set()  # modules this patch's variant changes
+        # The files of the variants written for this torch whose files all exist in it
+        self.targets: list[Target] = []
+        self.warned = False
+
+    def __repr__(self) -> str:
+        return f"Entry({self.patch.id!r}, state={self.state!r}, reason={self.reason!r})"
 
     @property
     def live(self) -> bool:
         return bool(self.swapped or self.at_import)
 
 
-@dataclass
 class ModulePlan:
     """What a module not yet imported at the decision runs when it is."""
 
-    target: Target
-    file: Path
-    signature: tuple[int, int, int]  # the file's (size, mtime, inode) when the component was decided
-    steps: list[tuple[str, str]] = field(default_factory=list)  # (patch id, text after it)
-    entries: list[Entry] = field(default_factory=list)
-    code: ModuleCode | None = None
-    code_key: str = ""  # a recalled decision: the code cache entry loaded when the module is imported
-    known_base: str | None = None  # the file's text, when the decision read it
+    def __init__(
+        self,
+        target: Target,
+        file: Path,
+        signature: tuple[int, int, int],  # the file's (size, mtime, inode) when the component was decided
+        steps: list[tuple[str, str]] | None = None,  # (patch id, text after it)
+        entries: list[Entry] | None = None,
+        code: ModuleCode | None = None,
+        code_key: str = "",  # a recalled decision: the code cache entry loaded when the module is imported
+        known_base: str | None = None,  # the file's text, when the decision read it
+    ) -> None:
+        self.target = target
+        self.file = file
+        self.signature = signature
+        self.steps = [] if steps is None else steps
+        self.entries = [] if entries is None else entries
+        self.code = code
+        self.code_key = code_key
+        self.known_base = known_base
+
+    def __repr__(self) -> str:
+        return f"ModulePlan({self.target!r}, {str(self.file)!r}, steps={[pid for pid, _ in self.steps]})"
 
     @property
     def base(self) -> str:
@@ -67,16 +83,27 @@ class ModulePlan:
         return self.known_base
 
 
-@dataclass(eq=False)
 class Component:
-    entries: list[Entry]
-    files: dict[str, Path]  # torch-relative path -> file
-    targets: dict[str, Target]  # path -> target
-    decided: bool = False
-    modules: dict[str, ModulePlan] = field(default_factory=dict)  # module name -> plan
-    texts: dict[str, str] = field(default_factory=dict)  # path -> text its module runs (swapped or planned)
-    reverted: bool = False
-    remembered: bool = False  # recalled from the decision cache: ``texts`` and plans' code come on demand
+    """Patches that share a file, transitively: decided as one (compared by identity)."""
+
+    def __init__(
+        self,
+        entries: list[Entry],
+        files: dict[str, Path],  # torch-relative path -> file
+        targets: dict[str, Target],  # path -> target
+    ) -> None:
+        self.entries = entries
+        self.files = files
+        self.targets = targets
+        self.decided = False
+        self.modules: dict[str, ModulePlan] = {}  # module name -> plan
+        self.texts: dict[str, str] = {}  # path -> text its module runs (swapped or planned)
+        self.reverted = False
+        # Recalled from the decision cache: ``texts`` and plans' code come on demand.
+        self.remembered = False
+
+    def __repr__(self) -> str:
+        return f"Component({[e.patch.id for e in self.entries]}, decided={self.decided})"
 
 
 def group_components(

@@ -23,7 +23,15 @@ from .outcome import Outcome
 if TYPE_CHECKING:
     from .codeswap import SwapPlan
 
-__all__ = ["decide_component", "LATE_DEPENDENT", "LATE_IMPORT", "LATE_REMEDY", "plan_for_import", "texts_of"]
+__all__ = [
+    "decide_component",
+    "LATE_DEPENDENT",
+    "LATE_IMPORT",
+    "LATE_REMEDY",
+    "load_plan_code",
+    "plan_for_import",
+    "texts_of",
+]
 
 # A patch lost because its module ran before the overlay: "imported too late" with the remedy,
 # never drift (drift tells the user that torch changed and the fix is no longer to be trusted).
@@ -223,13 +231,13 @@ def plan_for_import(component: Component, module: types.ModuleType, cache: CodeC
         if origin is None or file_signature(Path(origin)) != plan.signature:
             return plan, False
         if plan.code is None:
-            _load_plan_code(component, plan, cache)
+            load_plan_code(component, plan, cache)
     except Exception:  # noqa: BLE001 - the file changed under a recalled decision
         return plan, False
     return plan, True
 
 
-def _load_plan_code(component: Component, plan: ModulePlan, cache: CodeCache) -> None:
+def load_plan_code(component: Component, plan: ModulePlan, cache: CodeCache) -> None:
     """Give a recalled plan its code: from the code cache, or built again from the files.
 
     The decision was recalled for files with the plan's signature, so the patches apply as they did;

@@ -8,7 +8,6 @@ import hashlib
 import linecache
 import sys
 import types
-from dataclasses import dataclass
 from pathlib import Path
 
 from .codecache import CodeCache
@@ -18,13 +17,25 @@ __all__ = ["ModuleCode", "compile_module", "load_module_code", "MODULE_LEVEL", "
 MODULE_LEVEL = "<module>"
 
 
-@dataclass
 class ModuleCode:
-    code: types.CodeType
-    changed: dict[str, list[str]]  # patch id -> qualnames its hunks touch (MODULE_LEVEL outside defs)
-    filename: str
-    text: str
-    key: str = ""  # its entry in the code cache
+    """A module's compiled patched code (a plain class: see ``_state``'s docstring)."""
+
+    def __init__(
+        self,
+        code: types.CodeType,
+        changed: dict[str, list[str]],  # patch id -> qualnames its hunks touch (MODULE_LEVEL outside defs)
+        filename: str,
+        text: str,
+        key: str = "",  # its entry in the code cache
+    ) -> None:
+        self.code = code
+        self.changed = changed
+        self.filename = filename
+        self.text = text
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"ModuleCode({self.filename!r}, changed={self.changed!r}, key={self.key!r})"
 
     def register_source(self) -> None:
         """Tracebacks, ``inspect.getsource`` and debuggers read the patched text.

@@ -3,19 +3,30 @@ keeps it and gives it back to a later process."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from .._state import PatchState
 from ..series.patchfile import PatchFile
 
 __all__ = ["Outcome"]
 
 
-@dataclass
 class Outcome:
     """What the decision gives one entry (APPLIED: the torch-relative paths its variant changes)."""
 
-    state: PatchState
-    reason: str
-    variant: PatchFile | None
-    paths: set[str] = field(default_factory=set)
+    def __init__(
+        self, state: PatchState, reason: str, variant: PatchFile | None, paths: set[str] | None = None
+    ) -> None:
+        self.state = state
+        self.reason = reason
+        self.variant = variant
+        self.paths: set[str] = set() if paths is None else paths
+
+    def __repr__(self) -> str:
+        return f"Outcome({self.state!r}, {self.reason!r}, paths={sorted(self.paths)})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        mine = (self.state, self.reason, self.variant, self.paths)
+        return mine == (other.state, other.reason, other.variant, other.paths)  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]

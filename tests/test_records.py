@@ -1,0 +1,55 @@
+"""The plain classes that replaced dataclasses on the import path behave as those did: fields,
+equality, hashing, immutability, repr (``_state``'s docstring says why they are not dataclasses)."""
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from torch_overlay._config import Config
+from torch_overlay._state import PatchState, PatchStatus, Target
+from torch_overlay.engine.outcome import Outcome
+
+
+def test_target_is_a_frozen_value():
+    a, b = Target("torch/x.py", "torch.x"), Target.from_path("torch/x.py")
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert Target.from_path("torch/pkg/__init__.py") == Target("torch/pkg/__init__.py", "torch.pkg")
+    assert Target.from_path("torch/csrc/a.cpp").module == ""
+    assert a != Target("torch/y.py", "torch.y") and a != ("torch/x.py", "torch.x")
+    with pytest.raises(AttributeError):
+        a.path = "other"
+    assert repr(a) == "Target(path='torch/x.py', module='torch.x')"
+    assert pickle.loads(pickle.dumps(a)) == a
+
+
+def test_patch_status_row():
+    row = PatchStatus("fix", "title", "bug", (Target.from_path("torch/x.py"),), PatchState.APPLIED, "why")
+    assert (row.variant, row.mode) == ("", "")
+    other = row.replace(state=PatchState.DISABLED)
+    assert other.state == "disabled" and row.state == "applied" and other != row
+    assert other.replace(state=PatchState.APPLIED) == row
+    assert row.as_dict() == {
+        "id": "fix", "title": "title", "bug": "bug", "targets": ["torch/x.py"], "state": "applied",
+        "reason": "why", "variant": "", "mode": "",
+    }  # fmt: skip
+    assert repr(row).startswith("PatchStatus(id='fix', title='title'")
+    with pytest.raises(TypeError):
+        hash(row)
+
+
+def test_config_is_a_frozen_value(tmp_path):
+    base = dict(enabled=True, disabled_ids=frozenset({"a"}), strict=False, patches_dir=tmp_path)
+    one, two = Config(**base), Config(**base)
+    assert one == two and hash(one) == hash(two)
+    assert (one.code_cache, one.children, one.check_ranks, one.quiet, one.problems) == (True, True, "off", False, ())
+    assert isinstance(one.cache_dir, Path)
+    assert one.replace(strict=True).strict and not one.strict and one.replace(strict=True) != one
+    with pytest.raises(AttributeError):
+        one.strict = True
+    assert repr(one).startswith("Config(enabled=True, disabled_ids=frozenset({'a'}), strict=False")
+
+
+def test_outcome_compares_by_value():
+    assert Outcome(PatchState.APPLIED, "r", None) == Outcome(PatchState.APPLIED, "r", None, set())
+    assert Outcome(PatchState.APPLIED, "r", None, {"a"}) != Outcome(PatchState.APPLIED, "r", None)
