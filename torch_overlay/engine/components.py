@@ -133,20 +133,27 @@ def group_components(
             missing = sorted({p for v in fitting for p in v.python_paths if files[p] is None})
             settle(entry, PatchState.FAILED, f"{', '.join(missing)} not found in the installed torch")
     active = [e for e in active if e.state == PatchState.PENDING]
-    # Union of entries that share a path.
-    groups: dict[str, list[Entry]] = {}
-    for entry in active:
-        merged = [entry]
+    # Union of entries that share a path (union-find over series positions: linear in the series).
+    parent = list(range(len(active)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first: dict[str, int] = {}  # path -> the first entry that changes it
+    for i, entry in enumerate(active):
         for target in entry.targets:
-            other = groups.get(target.path)
-            if other is not None and other is not merged:
-                merged = [e for e in other if e not in merged] + merged
-        for e in merged:
-            for target in e.targets:
-                groups[target.path] = merged
+            j = first.setdefault(target.path, i)
+            a, b = root(i), root(j)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    members: dict[int, list[Entry]] = {}
+    for i, entry in enumerate(active):  # series order within a component, components by first entry
+        members.setdefault(root(i), []).append(entry)
     components = []
-    for group in {id(g): g for g in groups.values()}.values():
-        ordered = [e for e in entries if e in group]
+    for ordered in members.values():
         targets = {t.path: t for e in ordered for t in e.targets}
         component = Component(ordered, {p: files[p] for p in targets}, targets)  # type: ignore[misc]
         for entry in ordered:

@@ -366,7 +366,7 @@ def _status_row(e: Entry) -> PatchStatus:
     return PatchStatus(
         id=e.patch.id,
         title=main.title if main else "",
-        bug=main.fields.get("Bug", "") if main else "",
+        bug=main.field("Bug") if main else "",
         targets=tuple(e.targets or e.patch.targets),
         state=e.state,
         reason=e.reason,

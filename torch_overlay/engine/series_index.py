@@ -1,6 +1,7 @@
 """The series as activation needs it, kept in the code cache like ``__pycache__`` keeps bytecode.
 
-``import torch_overlay`` needs, of each patch file, its id, subject, fields, the files its diff
+``import torch_overlay`` needs, of each patch file, its id, subject, the fields that say whether it
+applies to the installed torch (``INDEXED_FIELDS``; the others are read from the file when used), the files its diff
 changes and a digest of its text (a decision and the compile caches' salt are keyed on it).
 Reading and parsing every patch file for that cost more than anything else the overlay adds to
 ``import torch``, and grew with the series. The index holds exactly that, as JSON in a code cache
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from .._version import __version__
-from ..series.patchfile import KNOWN_FIELDS, MULTI_FIELDS, PatchFile
+from ..series.patchfile import INDEXED_FIELDS, KNOWN_FIELDS, MULTI_FIELDS, PatchFile
 from ..series.series import Patch, read_series
 
 if TYPE_CHECKING:
@@ -32,12 +33,13 @@ if TYPE_CHECKING:
 __all__ = ["read_indexed_series", "series_key"]
 
 # Bump when what the index holds, or how a patch file is parsed, changes shape.
-KIND = "series index 1"
+KIND = "series index 2"
 # A file written this recently may be rewritten within the clock's resolution without its
 # signature changing (git's "racily clean" index entries): such a series is read, not indexed.
 RACY_NS = 2_000_000_000
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+_INDEXED = frozenset(INDEXED_FIELDS)
 
 
 def series_key(patches_dir: Path) -> tuple[str, bool]:
@@ -87,7 +89,10 @@ def _to_index(patches: list[Patch]) -> str:
     """The series, in order: one row per patch file (or per file that could not be parsed)."""
     rows: list[list[Any]] = []
     for patch in patches:
-        rows += [[v.path.name, v.subject, v.fields, list(v.paths), v.digest] for v in patch.variants]
+        rows += [
+            [v.path.name, v.subject, {k: v.fields[k] for k in INDEXED_FIELDS if k in v.fields}, list(v.paths), v.digest]
+            for v in patch.variants
+        ]
         if patch.error is not None:
             rows.append([patch.id, patch.error])
     return json.dumps({"kind": KIND, "series": rows}, separators=(",", ":"))
@@ -116,7 +121,7 @@ def _from_index(patches_dir: Path, text: str) -> list[Patch] | None:
             and name == os.path.basename(name)
             and isinstance(subject, str)
             and isinstance(fields, dict)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items())
+            and all(k in _INDEXED and isinstance(v, str) for k, v in fields.items())
             and isinstance(fields.get("Overlay-Id"), str)
             and isinstance(paths, list)
             and paths

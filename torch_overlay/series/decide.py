@@ -92,10 +92,10 @@ def decide_by_header(patch: Patch, version: str) -> Decision | None:
     main = patch.main
     if main is None:
         return None
-    introduced = main.fields.get("Introduced", "")
+    introduced = main.field("Introduced")
     if introduced and parse_version(version) < parse_version(introduced):
         return Decision(PatchState.NOT_NEEDED, f"the bug came with torch {introduced}; torch {version} does not have it")
-    fixed_in = main.fields.get("Applied-Upstream", "")
+    fixed_in = main.field("Applied-Upstream")
     # A pre-release ("2.13.0a0", a source checkout of main) may predate the fix: its files decide.
     if fixed_in and not _PRE_RELEASE.search(version) and parse_version(version) >= parse_version(fixed_in):
         return Decision(PatchState.UPSTREAM, f"fixed upstream in torch {fixed_in}")
@@ -104,7 +104,7 @@ def decide_by_header(patch: Patch, version: str) -> Decision | None:
 
 def fitting_variants(patch: Patch, version: str) -> list[PatchFile]:
     """The variants written for torch ``version`` (those without ``Torch-Versions`` fit any), in order."""
-    return [v for v in patch.ordered_variants(version) if version_in(version, v.fields.get("Torch-Versions", ""))]
+    return [v for v in patch.ordered_variants(version) if version_in(version, v.field("Torch-Versions"))]
 
 
 def decide(
@@ -146,11 +146,11 @@ def decide(
     if forward is not None:
         return forward
     # A pre-release past Applied-Upstream whose files fit no variant has the fix by another change.
-    fixed_in = patch.main.fields.get("Applied-Upstream", "") if patch.main else ""
+    fixed_in = patch.main.field("Applied-Upstream") if patch.main else ""
     if fixed_in and parse_version(version) >= parse_version(fixed_in):
         return Decision(PatchState.UPSTREAM, f"fixed upstream in torch {fixed_in} (by a different change); not needed")
     if not variants:
-        names = ", ".join(f"{v.path.name} ({v.fields.get('Torch-Versions', '')})" for v in patch.variants)
+        names = ", ".join(f"{v.path.name} ({v.field('Torch-Versions')})" for v in patch.variants)
         return Decision(PatchState.DRIFT, f"no variant is written for torch {version}: {names}")
     names = ", ".join(v.path.name for v in variants)
     why = f"{', '.join(sorted(missing))} missing" if missing else "torch changed around the fix"

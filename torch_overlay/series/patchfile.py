@@ -38,10 +38,14 @@ MULTI_FIELDS = ("Error",)
 
 
 NOTES_MARK = "Overlay-Notes:"
+# The fields ``import torch_overlay`` reads (which patches apply to the installed torch, a status
+# row's link): all that the series index keeps; :meth:`PatchFile.field` reads them without the file.
+INDEXED_FIELDS = ("Overlay-Id", "Torch-Versions", "Introduced", "Applied-Upstream", "Bug")
 
 _SUBJECT_RE = re.compile(r"^Subject:(.*(?:\n[ \t].*\S.*)*)", re.M)
 _KNOWN = frozenset(KNOWN_FIELDS)
 _MULTI = frozenset(MULTI_FIELDS)
+_INDEXED = frozenset(INDEXED_FIELDS)
 
 
 class PatchFile:
@@ -54,7 +58,8 @@ class PatchFile:
     __slots__ = (
         "path",
         "subject",
-        "fields",
+        "_fields",
+        "_all_fields",
         "parsed",
         "paths",
         "_description",
@@ -80,7 +85,8 @@ class PatchFile:
     ) -> None:
         self.path = path
         self.subject = subject
-        self.fields = fields
+        self._fields = fields
+        self._all_fields = True  # False: only INDEXED_FIELDS (an indexed patch, until its file is read)
         self.parsed = parsed
         self.paths = paths
         self._description = description  # the upstream summary
@@ -94,14 +100,16 @@ class PatchFile:
     def indexed(
         cls, path: Path, subject: str, fields: dict[str, str], paths: tuple[str, ...], digest: str
     ) -> PatchFile:
-        """The patch as the index describes it; ``digest`` is the sha256 of the indexed text."""
+        """The patch as the index describes it (``fields``: its INDEXED_FIELDS); ``digest`` is the
+        sha256 of the indexed text."""
         patch = cls(path, subject, fields, "", None, paths=paths)
+        patch._all_fields = False
         patch._text = None
         patch._digest = digest
         return patch
 
     def __repr__(self) -> str:
-        return f"PatchFile({self.path.name!r}, id={self.fields.get('Overlay-Id')!r})"
+        return f"PatchFile({self.path.name!r}, id={self._fields.get('Overlay-Id')!r})"
 
     def _read(self) -> None:
         """Read the rest of an indexed patch from its file, which must be the text indexed."""
@@ -115,6 +123,20 @@ class PatchFile:
             )
         self._text, self._description, self._overlay_notes = full._text, full._description, full._overlay_notes
         self._diff_start, self._errors = full._diff_start, full._errors
+        self._fields, self._all_fields = full._fields, True
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """Every DEP-3 field of the message (an indexed patch reads its file for the others)."""
+        if not self._all_fields:
+            self._read()
+        return self._fields
+
+    def field(self, name: str) -> str:
+        """One field's value ("" if absent); one of INDEXED_FIELDS never reads the file."""
+        if name in _INDEXED or self._all_fields:
+            return self._fields.get(name, "")
+        return self.fields.get(name, "")
 
     @property
     def text(self) -> str:
@@ -173,7 +195,7 @@ class PatchFile:
 
     @property
     def id(self) -> str:
-        return self.fields["Overlay-Id"]
+        return self._fields["Overlay-Id"]
 
     @property
     def title(self) -> str:

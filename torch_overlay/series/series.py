@@ -45,7 +45,7 @@ class Patch:
         """Variants written for ``torch_version`` first, then general ones, then the rest."""
 
         def rank(variant: PatchFile) -> int:
-            spec = variant.fields.get("Torch-Versions", "")
+            spec = variant.field("Torch-Versions")
             if not spec:
                 return 1
             return 0 if version_in(torch_version, spec) else 2
