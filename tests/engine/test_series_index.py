@@ -182,18 +182,29 @@ def test_a_truncated_index_is_ignored_and_rebuilt(indexed) -> None:
     entry.write_bytes(entry.read_bytes()[:-7])
     again = read_indexed_series(patches, cache)
     assert [p.id for p in again] == ["fix"]
-    assert cache.load(series_key(patches)[0], lambda v: isinstance(v, str)) is not None  # rebuilt
+    assert cache.load(series_key(patches)[0], series_index._is_index) is not None  # rebuilt
+
+
+K = series_index.KIND
+FIELDS = {"Overlay-Id": "x"}
 
 
 @pytest.mark.parametrize(
     "poison",
     [
-        "not json",
-        json.dumps({"kind": series_index.KIND, "series": [["../../outside.patch", "s", {"Overlay-Id": "x"}, ["torch/x.py"], "0" * 64]]}),
-        json.dumps({"kind": series_index.KIND, "series": [["0001-fix.patch", "s", {"Overlay-Id": 1}, ["torch/x.py"], "0" * 64]]}),
-        json.dumps({"kind": series_index.KIND, "series": [["0001-fix.patch", "s", {"Overlay-Id": "x"}, ["/etc/passwd"], "0" * 64]]}),
-        json.dumps({"kind": "another kind", "series": []}),
-        json.dumps([1, 2, 3]),
+        "not an index",
+        (K, [("../../outside.patch", "s", FIELDS, ("torch/x.py",), "0" * 64)]),
+        (K, [("..", "s", FIELDS, ("torch/x.py",), "0" * 64)]),
+        (K, [("0001-fix.patch", "s", {"Overlay-Id": 1}, ("torch/x.py",), "0" * 64)]),
+        (K, [("0001-fix.patch", "s", {"Overlay-Id": "x", "Symptom": "not indexed"}, ("torch/x.py",), "0" * 64)]),
+        (K, [("0001-fix.patch", "s", {"Bug": "no id"}, ("torch/x.py",), "0" * 64)]),
+        (K, [("0001-fix.patch", "s", FIELDS, ("/etc/passwd",), "0" * 64)]),
+        (K, [("0001-fix.patch", "s", FIELDS, ("torch/x.py",), "g" * 64)]),
+        (K, [("0001-fix.patch", "s", FIELDS, ("torch/x.py",), "0" * 63)]),
+        (K, [["0001-fix.patch", "s", FIELDS, ["torch/x.py"], "0" * 64]]),
+        ("another kind", []),
+        (K, ()),
+        [1, 2, 3],
     ],
 )
 def test_a_poisoned_index_is_not_believed(indexed, poison) -> None:
@@ -207,7 +218,7 @@ def test_an_index_holding_code_is_never_run(indexed, tmp_path) -> None:
     _, patches, cache = indexed
     witness = tmp_path / "ran"
     code = compile(f"open({str(witness)!r}, 'w').close()", "<poison>", "exec")
-    cache.store(series_key(patches)[0], code)  # a code object where the index's text belongs
+    cache.store(series_key(patches)[0], code)  # a code object where the index belongs
     assert marshal.loads(marshal.dumps(code)) is not None
     assert [p.id for p in read_indexed_series(patches, cache)] == ["fix"]
     assert not witness.exists()

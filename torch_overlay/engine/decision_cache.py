@@ -55,7 +55,7 @@ def remember(key: str, component: Component, outcomes: dict[int, Outcome], cache
     for entry in component.entries:
         outcome = outcomes.get(id(entry))
         if outcome is not None:
-            variant = outcome.variant.path.name if outcome.variant is not None else ""
+            variant = outcome.variant.name if outcome.variant is not None else ""
             entries.append((entry.patch.id, str(outcome.state), outcome.reason, variant, sorted(outcome.paths)))
     modules = [
         (name, plan.target.path, plan.code.key, [e.patch.id for e in plan.entries])
@@ -80,7 +80,7 @@ def recall(key: str, component: Component, cache: CodeCache) -> dict[int, Outcom
         outcomes: dict[int, Outcome] = {}
         for pid, state, reason, variant_name, paths in entries:
             entry = by_id[pid]
-            variant = next((v for v in entry.patch.variants if v.path.name == variant_name), None)
+            variant = next((v for v in entry.patch.variants if v.name == variant_name), None)
             outcomes[id(entry)] = Outcome(PatchState(state), reason, variant, set(paths))
         plans = {}
         for name, path, code_key, pids in modules:

@@ -177,7 +177,7 @@ class Overlay:
                 changed += [q for plan in entry.plans if plan.module.__name__ == name for q in plan.changed]
             elif component is not None and name in component.modules and component.modules[name].code:
                 changed += component.modules[name].code.changed.get(entry.patch.id, [])
-        name = entry.variant.path.name if entry.variant else ""
+        name = entry.variant.name if entry.variant else ""
         self._set(entry, PatchState.APPLIED, f"{name}: {', '.join(dict.fromkeys(changed)) or 'new definitions'}")
 
     # ----------------------------------------------------------- import hook
@@ -370,6 +370,6 @@ def _status_row(e: Entry) -> PatchStatus:
         targets=tuple(e.targets or e.patch.targets),
         state=e.state,
         reason=e.reason,
-        variant=e.variant.path.name if e.variant else "",
+        variant=e.variant.name if e.variant else "",
         mode=_mode(e),
     )

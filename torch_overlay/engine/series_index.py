@@ -4,7 +4,7 @@
 applies to the installed torch (``INDEXED_FIELDS``; the others are read from the file when used), the files its diff
 changes and a digest of its text (a decision and the compile caches' salt are keyed on it).
 Reading and parsing every patch file for that cost more than anything else the overlay adds to
-``import torch``, and grew with the series. The index holds exactly that, as JSON in a code cache
+``import torch``, and grew with the series. The index holds exactly that, as plain tuples, dicts and strings in a code cache
 entry (written atomically, in a private folder, checked before use: :mod:`.codecache`), under a key
 made of what ``stat`` says of each entry of the series folder (name, size, mtime, inode, ctime):
 a patch edited, added, removed or renamed changes the key, and the series is read again. Nothing in
@@ -16,9 +16,7 @@ when a component is decided; its description and ``Error:`` lines for ``status``
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
@@ -33,12 +31,12 @@ if TYPE_CHECKING:
 __all__ = ["read_indexed_series", "series_key"]
 
 # Bump when what the index holds, or how a patch file is parsed, changes shape.
-KIND = "series index 2"
+KIND = "series index 3"
 # A file written this recently may be rewritten within the clock's resolution without its
 # signature changing (git's "racily clean" index entries): such a series is read, not indexed.
 RACY_NS = 2_000_000_000
 
-_DIGEST = re.compile(r"[0-9a-f]{64}")
+_HEX = "0123456789abcdef"
 _INDEXED = frozenset(INDEXED_FIELDS)
 
 
@@ -68,7 +66,7 @@ def read_indexed_series(patches_dir: Path, cache: CodeCache) -> list[Patch]:
         key, storable = series_key(patches_dir)
     except OSError:
         return read_series(patches_dir, lazy=True)  # says what is wrong with the folder
-    found = cache.load(key, _is_text)
+    found = cache.load(key, _is_index)
     if found is not None:
         patches = _from_index(patches_dir, found[0])
         if patches is not None:
@@ -81,55 +79,52 @@ def read_indexed_series(patches_dir: Path, cache: CodeCache) -> list[Patch]:
     return patches
 
 
-def _is_text(value: Any) -> bool:
-    return isinstance(value, str)
-
-
-def _to_index(patches: list[Patch]) -> str:
+def _to_index(patches: list[Patch]) -> tuple[str, list[tuple[Any, ...]]]:
     """The series, in order: one row per patch file (or per file that could not be parsed)."""
-    rows: list[list[Any]] = []
+    rows: list[tuple[Any, ...]] = []
     for patch in patches:
-        rows += [
-            [v.path.name, v.subject, {k: v.fields[k] for k in INDEXED_FIELDS if k in v.fields}, list(v.paths), v.digest]
-            for v in patch.variants
-        ]
+        for v in patch.variants:
+            fields = {k: v.fields[k] for k in INDEXED_FIELDS if k in v.fields}
+            rows.append((v.name, v.subject, fields, v.paths, v.digest))
         if patch.error is not None:
-            rows.append([patch.id, patch.error])
-    return json.dumps({"kind": KIND, "series": rows}, separators=(",", ":"))
+            rows.append((patch.id, patch.error))
+    return KIND, rows
 
 
-def _from_index(patches_dir: Path, text: str) -> list[Patch] | None:
-    """The patches the index describes, or None if it is not exactly what :func:`_to_index` writes."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or data.get("kind") != KIND or not isinstance(data.get("series"), list):
-        return None
+def _is_index(value: Any) -> bool:
+    return isinstance(value, tuple) and len(value) == 2 and value[0] == KIND and isinstance(value[1], list)
+
+
+def _from_index(patches_dir: Path, index: tuple[str, list[Any]]) -> list[Patch] | None:
+    """The patches the index describes, or None if it is not exactly what :func:`_to_index` makes."""
     patches: dict[str, Patch] = {}
-    for row in data["series"]:
-        if not isinstance(row, list):
+    for row in index[1]:
+        if type(row) is not tuple:
             return None
-        if len(row) == 2 and all(isinstance(x, str) for x in row):  # a file that could not be parsed
+        if len(row) == 2 and type(row[0]) is str and type(row[1]) is str:  # a file that could not be parsed
             patches.setdefault(row[0], Patch(row[0])).error = row[1]
             continue
         if len(row) != 5:
             return None
         name, subject, fields, paths, digest = row
         if not (
-            isinstance(name, str)
-            and name == os.path.basename(name)
-            and isinstance(subject, str)
-            and isinstance(fields, dict)
-            and all(k in _INDEXED and isinstance(v, str) for k, v in fields.items())
-            and isinstance(fields.get("Overlay-Id"), str)
-            and isinstance(paths, list)
+            type(name) is str
+            and name
+            and "/" not in name
+            and name not in (".", "..")
+            and type(subject) is str
+            and type(fields) is dict
+            and fields.keys() <= _INDEXED
+            and all(type(v) is str for v in fields.values())
+            and "Overlay-Id" in fields
+            and type(paths) is tuple
             and paths
-            and all(isinstance(p, str) and p.startswith("torch/") for p in paths)
-            and isinstance(digest, str)
-            and _DIGEST.fullmatch(digest)
+            and all(type(p) is str and p.startswith("torch/") for p in paths)
+            and type(digest) is str
+            and len(digest) == 64
+            and not digest.strip(_HEX)
         ):
             return None
-        variant = PatchFile.indexed(patches_dir / name, subject, fields, tuple(paths), digest)
+        variant = PatchFile.indexed(patches_dir, name, subject, fields, paths, digest)
         patches.setdefault(variant.id, Patch(variant.id)).variants.append(variant)
     return list(patches.values()) if patches else None

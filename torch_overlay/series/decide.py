@@ -134,10 +134,10 @@ def decide(
             missing.update(absent)
             continue
         if _taken_off(variant, texts, python_only, tried) is not None:
-            return Decision(PatchState.UPSTREAM, f"torch {version} already has this change ({variant.path.name} reverse-applies)", variant)
+            return Decision(PatchState.UPSTREAM, f"torch {version} already has this change ({variant.name} reverse-applies)", variant)
         if forward is None:
             try:
-                name = variant.path.name
+                name = variant.name
                 if python_only and len(paths) < len(variant.paths):
                     name += " (its C++ hunks need a source build)"
                 forward = Decision(PatchState.APPLIED, name, variant, apply_variant(variant, texts, python_only=python_only))
@@ -150,9 +150,9 @@ def decide(
     if fixed_in and parse_version(version) >= parse_version(fixed_in):
         return Decision(PatchState.UPSTREAM, f"fixed upstream in torch {fixed_in} (by a different change); not needed")
     if not variants:
-        names = ", ".join(f"{v.path.name} ({v.field('Torch-Versions')})" for v in patch.variants)
+        names = ", ".join(f"{v.name} ({v.field('Torch-Versions')})" for v in patch.variants)
         return Decision(PatchState.DRIFT, f"no variant is written for torch {version}: {names}")
-    names = ", ".join(v.path.name for v in variants)
+    names = ", ".join(v.name for v in variants)
     why = f"{', '.join(sorted(missing))} missing" if missing else "torch changed around the fix"
     return Decision(PatchState.DRIFT, f"no variant fits torch {version} ({names}): {why}")
 
@@ -183,7 +183,7 @@ def carried_stack(
             if taken is None:
                 continue
             current = {**current, **taken}
-            reason = f"torch {version} already has this change ({variant.path.name} reverse-applies)"
+            reason = f"torch {version} already has this change ({variant.name} reverse-applies)"
             carried[patch.id] = Decision(PatchState.UPSTREAM, reason, variant)
             break
     return carried

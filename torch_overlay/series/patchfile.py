@@ -56,7 +56,9 @@ class PatchFile:
 
     # A plain class, not a dataclass: making a dataclass costs about 2 M instructions at import.
     __slots__ = (
-        "path",
+        "_path",
+        "_folder",
+        "name",
         "subject",
         "_fields",
         "_all_fields",
@@ -83,7 +85,9 @@ class PatchFile:
         diff_start: int = 0,  # index of the diff's first line in ``text.splitlines()``
         errors: tuple[str, ...] = (),  # the `Error:` lines: what the bug raises (torch_overlay.known)
     ) -> None:
-        self.path = path
+        self._path: Path | None = path
+        self._folder: Path | None = None  # an indexed patch: its folder, ``path`` made when first used
+        self.name = path.name  # the file name
         self.subject = subject
         self._fields = fields
         self._all_fields = True  # False: only INDEXED_FIELDS (an indexed patch, until its file is read)
@@ -98,18 +102,28 @@ class PatchFile:
 
     @classmethod
     def indexed(
-        cls, path: Path, subject: str, fields: dict[str, str], paths: tuple[str, ...], digest: str
+        cls, folder: Path, name: str, subject: str, fields: dict[str, str], paths: tuple[str, ...], digest: str
     ) -> PatchFile:
-        """The patch as the index describes it (``fields``: its INDEXED_FIELDS); ``digest`` is the
-        sha256 of the indexed text."""
-        patch = cls(path, subject, fields, "", None, paths=paths)
+        """The patch file ``name`` of ``folder`` as the index describes it (``fields``: its
+        INDEXED_FIELDS); ``digest`` is the sha256 of the indexed text."""
+        patch = cls.__new__(cls)
+        patch._path, patch._folder, patch.name = None, folder, name
+        patch.subject, patch._fields, patch.parsed, patch.paths = subject, fields, None, paths
+        patch._description, patch._overlay_notes, patch._diff_start, patch._errors = "", "", 0, ()
         patch._all_fields = False
         patch._text = None
         patch._digest = digest
         return patch
 
     def __repr__(self) -> str:
-        return f"PatchFile({self.path.name!r}, id={self._fields.get('Overlay-Id')!r})"
+        return f"PatchFile({self.name!r}, id={self._fields.get('Overlay-Id')!r})"
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            assert self._folder is not None
+            self._path = self._folder / self.name
+        return self._path
 
     def _read(self) -> None:
         """Read the rest of an indexed patch from its file, which must be the text indexed."""
