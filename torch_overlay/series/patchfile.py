@@ -62,6 +62,7 @@ class PatchFile:
         "subject",
         "_fields",
         "_all_fields",
+        "_python_paths",
         "parsed",
         "paths",
         "_description",
@@ -91,6 +92,7 @@ class PatchFile:
         self.subject = subject
         self._fields = fields
         self._all_fields = True  # False: only INDEXED_FIELDS (an indexed patch, until its file is read)
+        self._python_paths: tuple[str, ...] | None = None
         self.parsed = parsed
         self.paths = paths
         self._description = description  # the upstream summary
@@ -110,7 +112,7 @@ class PatchFile:
         patch._path, patch._folder, patch.name = None, folder, name
         patch.subject, patch._fields, patch.parsed, patch.paths = subject, fields, None, paths
         patch._description, patch._overlay_notes, patch._diff_start, patch._errors = "", "", 0, ()
-        patch._all_fields = False
+        patch._all_fields, patch._python_paths = False, None
         patch._text = None
         patch._digest = digest
         return patch
@@ -205,7 +207,9 @@ class PatchFile:
     def python_paths(self) -> tuple[str, ...]:
         """The Python files among ``paths``: what the runtime overlay and a rebuilt wheel can change
         (the others, C++ sources, only a source build carries)."""
-        return tuple(p for p in self.paths if p.endswith(".py"))
+        if self._python_paths is None:
+            self._python_paths = tuple(p for p in self.paths if p.endswith(".py"))
+        return self._python_paths
 
     @property
     def id(self) -> str:

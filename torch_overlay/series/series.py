@@ -43,6 +43,8 @@ class Patch:
 
     def ordered_variants(self, torch_version: str) -> list[PatchFile]:
         """Variants written for ``torch_version`` first, then general ones, then the rest."""
+        if len(self.variants) == 1:  # most patches: nothing to order
+            return list(self.variants)
 
         def rank(variant: PatchFile) -> int:
             spec = variant.field("Torch-Versions")
