@@ -102,20 +102,25 @@ class ImportHook:
         self.fallback = fallback
         self._watched: frozenset[str] = frozenset()
         self._callbacks: dict[str, list[Callable[[str], None]]] = {}
+        # Watched or called back: what find_spec looks up for every import of the process.
+        self._names: frozenset[str] = frozenset()
         self._busy = threading.local()
 
     @property
     def watched(self) -> frozenset[str]:
-        return self._watched | frozenset(self._callbacks)
+        return self._names
 
     def watch(self, names: set[str] | frozenset[str]) -> None:
         """Names whose code ``provide`` may replace (replaces the previous set)."""
         self._watched = frozenset(names)
+        self._names = self._watched | frozenset(self._callbacks)
         self.install()
 
     def on_import(self, name: str, callback: Callable[[str], None]) -> None:
         """Call ``callback(name)`` each time module ``name`` has executed (a post-import hook)."""
         self._callbacks.setdefault(name, []).append(callback)
+        if name not in self._names:
+            self._names = self._names | {name}
         self.install()
 
     def install(self) -> None:
@@ -133,7 +138,7 @@ class ImportHook:
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname not in self._watched and fullname not in self._callbacks:
+        if fullname not in self._names:
             return None
         if getattr(self._busy, "active", False):
             return None

@@ -40,7 +40,8 @@ def job_start_line(entries: list[Entry], version: str) -> str:
     """``torch_overlay: torch 2.13.0, 28 fixes active (7 not needed here); ...``."""
     active = [e for e in entries if e.state in (PatchState.PENDING, PatchState.APPLIED)]
     lost = _lost(entries)
-    rest = Counter(str(e.state) for e in entries if e not in active and e not in lost)
+    counted = {id(e) for e in active} | {id(e) for e in lost}  # by identity: linear in the series
+    rest = Counter(str(e.state) for e in entries if id(e) not in counted)
     line = (
         f"torch_overlay: torch {version}, {len(active)} fixes active"
         + (f" (of {len(entries)}: {', '.join(f'{n} {state}' for state, n in rest.items())})" if rest else "")
@@ -59,7 +60,8 @@ def job_end_line(entries: list[Entry], rank: str) -> str:
     applied = [e.patch.id for e in entries if e.state == PatchState.APPLIED]
     unused = [e for e in entries if e.state == PatchState.PENDING]
     lost = _lost(entries)
-    broken = [e.patch.id for e in entries if e.state in (PatchState.DRIFT, PatchState.FAILED) and e not in lost]
+    lost_ids = {id(e) for e in lost}
+    broken = [e.patch.id for e in entries if e.state in (PatchState.DRIFT, PatchState.FAILED) and id(e) not in lost_ids]
     who = f"rank {rank}" if rank else "this process"
     head = f"{len(applied)} fix{'' if len(applied) == 1 else 'es'} applied in {who}"
     parts = [head + (f": {', '.join(applied)}" if applied else "")]
