@@ -154,7 +154,7 @@ cmd_demo() {
   echo
   echo "== python -m torch_overlay verify --quick --needed: the smallest reproducer of each fix this torch"
   echo "   needs, without and with the overlay (all of them in one pytest process each way, side by side)"
-  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" -m torch_overlay verify --quick --needed --budget "${DEMO_BUDGET_S:-30}" "$@"
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$py" -m torch_overlay verify --quick --needed --budget "${DEMO_BUDGET_S:-45}" "$@"
 }
 
 SUPPORTED_VERSIONS=(2.11.0 2.12.1 2.13.0 2.14.1 2.15.0)
