@@ -112,10 +112,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         where = f"torch {torch_version()}; patches from {torch_overlay._overlay.config.patches_dir}"
         print("\n".join(wrap(where, width)))
         print(format_status(rows, patches, width))
+        print("\n".join(wrap(COLD_CACHE_NOTE.format(folder=torch_overlay._overlay.config.cache_dir / "code"), width)))
         if probe is not None:
             print("\n".join(wrap(format_late_imports(probe), width)))
         print(status_summary(rows, len(problems)))
-        print("\n".join(wrap(COLD_CACHE_NOTE.format(folder=torch_overlay._overlay.config.cache_dir / "code"), width)))
     for problem in problems:
         print(f"problem: {problem}", file=sys.stderr)
     bad = [r for r in rows if r.state in ("drift", "failed")]
