@@ -250,7 +250,16 @@ def test_wheel_213_reproducers_pass_without_the_overlay(wheel_213, tmp_path):
         quick = patch.main.fields.get("Quick-Test", "")
         assert quick.startswith(f"{test}::"), f"{patch.id}: Quick-Test {quick!r} is not in {test}"
         nodes.append(copy.name + quick[len(test) :])
-    cmd = [wheel_213.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *nodes]
+    # -v: a process that dies (a signal) still shows which test it was in.
+    cmd = [wheel_213.python, "-m", "pytest", "-v", "-p", "no:cacheprovider", *nodes]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, _died_in(proc)
     assert f"{len(nodes)} passed" in proc.stdout, proc.stdout[-2000:]
+
+
+def _died_in(proc: subprocess.CompletedProcess) -> str:
+    """What a failed pytest run says: the last tests it reported and, after a crash, the first
+    frames of the fatal error (the innermost ones, which the tail of the dump cuts off)."""
+    tests = [line for line in proc.stdout.splitlines() if "::" in line][-5:]
+    fatal = proc.stderr[proc.stderr.find("Fatal Python error") :][:3000] if "Fatal Python error" in proc.stderr else ""
+    return "\n".join([f"returncode {proc.returncode}", *tests, fatal or proc.stdout[-2000:] + proc.stderr[-2000:]])
