@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .decider import load_plan_code
+from .modcode import load_module_code
 
 if TYPE_CHECKING:
     from .overlay import Overlay
@@ -62,8 +63,9 @@ def warm(overlay: Overlay) -> WarmReport:
                 if plan.code is not None:
                     (report.cached if component.remembered else report.compiled).append(name)
                     continue
-                found = cache.load(plan.code_key, lambda value: True) is not None if plan.code_key else False
-                if not found:
+                # The check the job's import applies: an entry of the wrong shape is no code.
+                plan.code = load_module_code(cache, plan.code_key, plan.file) if plan.code_key else None
+                (report.compiled if plan.code is None else report.cached).append(name)
+                if plan.code is None:
                     load_plan_code(component, plan, cache)
-                (report.cached if found else report.compiled).append(name)
     return report
