@@ -15,6 +15,8 @@ os.environ.setdefault("TORCH_OVERLAY_QUIET", "1")
 # before torch_overlay would otherwise leave every later module's patches on the late path.
 import torch_overlay  # noqa: E402, F401
 
+pytest_plugins = ["tests._native_crashes"]
+
 
 def pytest_unconfigure(config: object) -> None:
     if _MADE_CACHE is not None and os.getpid() == _OWNER:  # not in a forked worker

@@ -18,6 +18,7 @@ import shutil
 import site
 import subprocess
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -251,8 +252,15 @@ def test_wheel_213_reproducers_pass_without_the_overlay(wheel_213, tmp_path):
         assert quick.startswith(f"{test}::"), f"{patch.id}: Quick-Test {quick!r} is not in {test}"
         nodes.append(copy.name + quick[len(test) :])
     # -v: a process that dies (a signal) still shows which test it was in.
-    cmd = [wheel_213.python, "-m", "pytest", "-v", "-p", "no:cacheprovider", *nodes]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    cmd = [wheel_213.python, "-m", "pytest", "-v", "-p", "no:cacheprovider"]
+    proc = subprocess.run([*cmd, *nodes], capture_output=True, text=True, env=env, cwd=tmp_path)
+    if proc.returncode < 0:
+        # Killed by a signal (a SIGSEGV once in CI, in torch's native code): the tests it had not
+        # passed run once more, in a new process, and the crash is reported as a warning.
+        warnings.warn(f"the rebuilt wheel's pytest died; its unpassed tests run again:\n{_died_in(proc)}")
+        passed = {line.split(" ")[0] for line in proc.stdout.splitlines() if " PASSED" in line}
+        nodes = [node for node in nodes if node not in passed]
+        proc = subprocess.run([*cmd, *nodes], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert proc.returncode == 0, _died_in(proc)
     assert f"{len(nodes)} passed" in proc.stdout, proc.stdout[-2000:]
 
