@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._state import PatchState, Target
-from ..series.decide import decide, fitting_variants
 from ..series.patchfile import PatchFile
 from ..series.series import Patch
 from ..series.versions import find_file
@@ -115,6 +114,8 @@ def group_components(
     none, ``settle`` gives it its final state (``failed``, or ``drift`` when no variant is written
     for this torch).
     """
+    from ..series.decide import decide, fitting_variants  # here: a remembered activation groups nothing
+
     active = [e for e in entries if e.state == PatchState.PENDING]
     files: dict[str, Path | None] = {}
     for entry in active:

@@ -20,15 +20,15 @@ from typing import Any, TYPE_CHECKING
 
 from .._config import Config, load_config, unknown_ids_problem
 from .._state import Mode, OverlayError, PatchState, PatchStatus
-from ..series.decide import decide_by_header
 from ..series.series import Patch, SeriesError
 from ..series.versions import torch_version
 # Only what activation needs is imported here: `import torch_overlay` is on the path of every
 # job's `import torch` (README, Benchmarks); the rest is imported where it is first used.
-from .components import Component, Entry, group_components
+from .activation_memo import settle_and_group
+from .components import Component, Entry
 from .import_failures import FailedImports
 from .importhook import ImportHook
-from .series_index import read_indexed_series
+from .series_index import indexed_series_and_key
 from .job_lines import job_end_line, job_start_line, LATE, summary_line
 from .voice import claim_exit_line, says, tell, warn
 
@@ -91,8 +91,9 @@ class Overlay:
             if self._activated:
                 return
             self._activated = True
+            key = None
             try:
-                patches = read_indexed_series(self.config.patches_dir, self._cache)
+                patches, key = indexed_series_and_key(self.config.patches_dir, self._cache)
             except SeriesError as exc:
                 patches = []
                 self.report_problem(str(exc))
@@ -103,11 +104,7 @@ class Overlay:
             unknown = unknown_ids_problem(self.config.disabled_ids, known)
             if unknown and patches:
                 self.report_problem(unknown)
-            for entry in self._entries:
-                settled = _settled_without_files(entry, self.config)
-                if settled is not None:
-                    self._set(entry, *settled)
-            self._build_components()
+            self._build_components(key)
             self._watch()
             for component in {id(c): c for c in self._by_module.values()}.values():
                 if any(t.module in sys.modules for t in component.targets.values()):
@@ -131,8 +128,8 @@ class Overlay:
         if says(text, self._environ):
             warn(text)
 
-    def _build_components(self) -> None:
-        for component in group_components(self._entries, torch_version(), self._set):
+    def _build_components(self, series_key: str | None) -> None:
+        for component in settle_and_group(self._entries, series_key, self.config, self._cache, self._set):
             for target in component.targets.values():
                 self._by_module[target.module] = component
 
@@ -338,19 +335,6 @@ class Overlay:
             from . import originals
 
             return originals.get_original(obj, self._entries, self._by_module)
-
-
-def _settled_without_files(entry: Entry, config: Config) -> tuple[PatchState, str] | None:
-    """The state a patch has before any of its files is read: malformed, switched off, or settled
-    by its fields alone (no file of such a patch is read or watched)."""
-    if entry.patch.error:
-        return PatchState.FAILED, f"malformed patch: {entry.patch.error}"
-    if not config.enabled:
-        return PatchState.DISABLED, "TORCH_OVERLAY=0"
-    if entry.patch.id in config.disabled_ids:
-        return PatchState.DISABLED, "TORCH_OVERLAY_DISABLE"
-    decision = decide_by_header(entry.patch, torch_version())
-    return None if decision is None else (decision.state, decision.reason)
 
 
 def _mode(entry: Entry) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from itertools import repeat
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
@@ -28,55 +29,62 @@ from ..series.series import Patch, read_series
 if TYPE_CHECKING:
     from .codecache import CodeCache
 
-__all__ = ["read_indexed_series", "series_key"]
+__all__ = ["indexed_series_and_key", "read_indexed_series", "series_key"]
 
 # Bump when what the index holds, or how a patch file is parsed, changes shape.
-KIND = "series index 3"
+KIND = "series index 4"
 # A file written this recently may be rewritten within the clock's resolution without its
 # signature changing (git's "racily clean" index entries): such a series is read, not indexed.
 RACY_NS = 2_000_000_000
 
-_HEX = "0123456789abcdef"
 _INDEXED = frozenset(INDEXED_FIELDS)
 
 
 def series_key(patches_dir: Path) -> tuple[str, bool]:
     """The index key of the series folder, from ``stat`` alone, and whether it may be stored now
     (no entry was changed within the last ``RACY_NS``). Raises ``OSError`` for no such folder."""
+    import hashlib
+    import marshal
+
     now = time.time_ns()
-    racy = False
-    parts = [KIND, __version__, ",".join(KNOWN_FIELDS + MULTI_FIELDS), os.path.abspath(patches_dir)]
     with os.scandir(patches_dir) as entries:
-        listing = []
-        for entry in entries:
-            st = entry.stat()
-            # A write sets the mtime to the clock's now, so the mtime alone says whether it is racy.
-            racy = racy or abs(now - st.st_mtime_ns) < RACY_NS
-            listing.append(f"{entry.name}\0{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}")
+        # Tuples of ints, digested at C speed: formatting them costs more per file than the stat.
+        listing = [(e.name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns) for e in entries for st in (e.stat(),)]
     listing.sort()
-    return "\0".join(parts + listing), not racy
+    # A write sets the mtime to the clock's now, so the mtimes alone say whether it is racy.
+    racy = any(abs(now - row[2]) < RACY_NS for row in listing)
+    digest = hashlib.sha256(marshal.dumps(listing)).hexdigest()
+    parts = [KIND, __version__, ",".join(KNOWN_FIELDS + MULTI_FIELDS), os.path.abspath(patches_dir), digest]
+    return "\0".join(parts), not racy
 
 
 def read_indexed_series(patches_dir: Path, cache: CodeCache) -> list[Patch]:
     """The series of ``patches_dir`` as :func:`~..series.series.read_series` (``lazy``) gives it:
     from the index when it matches the folder, else read from the files (and indexed)."""
+    return indexed_series_and_key(patches_dir, cache)[0]
+
+
+def indexed_series_and_key(patches_dir: Path, cache: CodeCache) -> tuple[list[Patch], str | None]:
+    """:func:`read_indexed_series`, and the index key when the series is indexed under it (what
+    is derived from the series alone may be cached under that key: :mod:`.activation_memo`)."""
     if not cache.usable:
-        return read_series(patches_dir, lazy=True)
+        return read_series(patches_dir, lazy=True), None
     try:
         key, storable = series_key(patches_dir)
     except OSError:
-        return read_series(patches_dir, lazy=True)  # says what is wrong with the folder
+        return read_series(patches_dir, lazy=True), None  # says what is wrong with the folder
     found = cache.load(key, _is_index)
     if found is not None:
         patches = _from_index(patches_dir, found[0])
         if patches is not None:
-            return patches
+            return patches, key
     patches = read_series(patches_dir, lazy=True)
     # The key sees the folder's own entries only: a series that lists files elsewhere is not indexed.
     inside = all(v.path.parent == patches_dir for p in patches for v in p.variants)
     if storable and inside and series_key(patches_dir) == (key, True):  # nothing changed while read
         cache.store(key, _to_index(patches))
-    return patches
+        return patches, key
+    return patches, None
 
 
 def _to_index(patches: list[Patch]) -> tuple[str, list[tuple[Any, ...]]]:
@@ -85,7 +93,7 @@ def _to_index(patches: list[Patch]) -> tuple[str, list[tuple[Any, ...]]]:
     for patch in patches:
         for v in patch.variants:
             fields = {k: v.fields[k] for k in INDEXED_FIELDS if k in v.fields}
-            rows.append((v.name, v.subject, fields, v.paths, v.digest))
+            rows.append((v.name, v.subject, fields, v.paths, bytes.fromhex(v.digest)))
         if patch.error is not None:
             rows.append((patch.id, patch.error))
     return KIND, rows
@@ -107,6 +115,12 @@ def _from_index(patches_dir: Path, index: tuple[str, list[Any]]) -> list[Patch] 
         if len(row) != 5:
             return None
         name, subject, fields, paths, digest = row
+        # C-speed checks (they run for every patch file at every import): join raises TypeError
+        # for anything but strings.
+        try:
+            "".join(fields.values()) + "".join(paths)
+        except (TypeError, AttributeError):
+            return None
         if not (
             type(name) is str
             and name
@@ -115,16 +129,17 @@ def _from_index(patches_dir: Path, index: tuple[str, list[Any]]) -> list[Patch] 
             and type(subject) is str
             and type(fields) is dict
             and fields.keys() <= _INDEXED
-            and all(type(v) is str for v in fields.values())
             and "Overlay-Id" in fields
             and type(paths) is tuple
             and paths
-            and all(type(p) is str and p.startswith("torch/") for p in paths)
-            and type(digest) is str
-            and len(digest) == 64
-            and not digest.strip(_HEX)
+            and all(map(str.startswith, paths, repeat("torch/")))
+            and type(digest) is bytes
+            and len(digest) == 32
         ):
             return None
-        variant = PatchFile.indexed(patches_dir, name, subject, fields, paths, digest)
-        patches.setdefault(variant.id, Patch(variant.id)).variants.append(variant)
+        variant = PatchFile.indexed(patches_dir, name, subject, fields, paths, digest.hex())
+        patch = patches.get(variant.id)
+        if patch is None:
+            patch = patches[variant.id] = Patch(variant.id)
+        patch.variants.append(variant)
     return list(patches.values()) if patches else None

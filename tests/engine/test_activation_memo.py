@@ -1,0 +1,169 @@
+"""engine/activation_memo.py: a warm activation replays what the first one worked out, exactly,
+and only for the series, torch and switches it was worked out for."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from torch_overlay.engine import activation_memo, series_index
+from torch_overlay.engine.codecache import CodeCache
+from torch_overlay.engine.components import Entry
+from torch_overlay.series.series import read_series
+
+from ._fixtures import make_diff, make_patch
+from .test_apply import _state, MODULE, overlays, PATCHED  # noqa: F401  (overlays is a fixture)
+
+REPO = Path(__file__).resolve().parents[2]
+OTHER = "def answer():\n    return 7\n"
+
+
+def _age(folder: Path) -> None:
+    past = time.time() - 60
+    for file in folder.iterdir():
+        os.utime(file, (past, past))
+
+
+def _rows(overlay) -> list[tuple[str, str, str, tuple]]:
+    return [(s.id, str(s.state), s.reason, s.targets) for s in overlay.status()]
+
+
+@pytest.fixture
+def series(sandbox):
+    """Two patches of one module, one of another, one settled by its fields; dated back (indexed)."""
+    name, path = sandbox.module(MODULE)
+    other, other_path = sandbox.module(OTHER)
+    diff = make_diff(path, MODULE, PATCHED)
+    sandbox.series(
+        ("0001-fix.patch", make_patch("fix", [diff])),
+        ("0002-later.patch", make_patch("later", [diff], Introduced="99.0")),
+        ("0003-other.patch", make_patch("other", [make_diff(other_path, OTHER, OTHER.replace("7", "8"))])),
+    )
+    _age(sandbox.patches)
+    return name, other, sandbox
+
+
+def _memo_stores(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    stored: list[str] = []
+    original = CodeCache.store
+
+    def store(self: CodeCache, key: str, value: object) -> None:
+        if key.startswith(activation_memo.KIND):
+            stored.append(key)
+        original(self, key, value)
+
+    monkeypatch.setattr(CodeCache, "store", store)
+    return stored
+
+
+def test_a_warm_activation_replays_the_first_one_exactly(series, config, overlays, monkeypatch) -> None:
+    name, other, sandbox = series
+    cfg = config(cache_dir=sandbox.root / "cache")
+    stored = _memo_stores(monkeypatch)
+    first = overlays(cfg)
+    first.activate()
+    assert len(stored) == 1
+    first._hook.uninstall()
+    # The second one neither decides a header nor looks a file up: it replays.
+    monkeypatch.setattr(activation_memo, "_settled_without_files", lambda *a: pytest.fail("decided again"))
+    second = overlays(cfg)
+    second.activate()
+    assert len(stored) == 1
+    assert _rows(second) == _rows(first)
+    assert [s.state for s in second.status()] == ["pending", "not needed", "pending"]
+    # Replayed components work: the module runs the patched source.
+    assert importlib.import_module(name).answer() == 42
+    assert (_state(second, "fix").state, _state(second, "fix").mode) == ("applied", "at import")
+    assert importlib.import_module(other).answer() == 8
+
+
+def test_the_memo_is_per_switches(series, config, overlays) -> None:
+    _, _, sandbox = series
+    cache = sandbox.root / "cache"
+    overlays(config(cache_dir=cache)).activate()
+    off = overlays(config(cache_dir=cache, disabled_ids=frozenset({"fix"})))
+    off.activate()
+    assert _state(off, "fix").state == "disabled"
+    assert _state(off, "other").state == "pending"
+    again = overlays(config(cache_dir=cache))
+    again.activate()
+    assert _state(again, "fix").state == "pending"
+
+
+def test_the_memo_is_per_torch_release(series, config, monkeypatch) -> None:
+    _, _, sandbox = series
+    cache = CodeCache(sandbox.root / "cache" / "code")
+    patches, key = series_index.indexed_series_and_key(sandbox.patches, cache)
+    assert key is not None
+    cfg = config()
+    entries = [Entry(p) for p in patches]
+    activation_memo.settle_and_group(entries, key, cfg, cache, _settle)
+    monkeypatch.setattr(activation_memo, "torch_version", lambda: "99.1.0")
+    later = [Entry(p) for p in patches]
+    activation_memo.settle_and_group(later, key, cfg, cache, _settle)
+    assert [str(e.state) for e in later] == ["pending", "pending", "pending"]  # 0002's bug exists in 99.1
+
+
+def _settle(entry: Entry, state, reason: str) -> None:
+    entry.state, entry.reason = state, reason
+
+
+def test_a_memo_that_does_not_fit_is_not_replayed(series, config) -> None:
+    _, _, sandbox = series
+    patches = read_series(sandbox.patches, lazy=True)
+    entries = [Entry(p) for p in patches]
+    activation_memo.settle_and_group(entries, None, config(), CodeCache(None), _settle)
+    memo = activation_memo.record(entries, [e.component for e in entries if e.component is not None][:1])
+    fresh = [Entry(p) for p in patches]
+    assert activation_memo.replay(memo, fresh[::-1], _settle) is None  # another order of patches
+    _, ids, settled, grouped = memo
+    broken = [
+        (activation_memo.KIND, ids, ((0, "no such state", "x"),), grouped),
+        (activation_memo.KIND, ids, settled, (((0, 7), ((),), ()),)),  # a member out of range
+        (activation_memo.KIND, ids, settled, (((0,), ((), ()), (("torch/x.py", "torch.x", "/x.py"),)),)),
+        (activation_memo.KIND, ids, settled, (((0,), (("torch/y.py",),), (("torch/x.py", "torch.x", "/x.py"),)),)),
+        (activation_memo.KIND, ids, ((0, "upstream", 3),), grouped),
+    ]
+    for poison in broken:
+        assert activation_memo.replay(poison, fresh, _settle) is None, poison
+        assert all(e.state == "pending" and e.component is None for e in fresh)  # nothing touched
+
+
+def test_a_poisoned_memo_is_ignored_and_rewritten(series, config, overlays) -> None:
+    _, _, sandbox = series
+    cfg = config(cache_dir=sandbox.root / "cache")
+    first = overlays(cfg)
+    first.activate()
+    first._hook.uninstall()
+    cache = first._cache
+    _, key = series_index.indexed_series_and_key(sandbox.patches, cache)
+    from torch_overlay.series.versions import torch_root, torch_version
+
+    memo_key = activation_memo.memo_key(key, torch_version(), str(torch_root()), cfg)
+    cache.store(memo_key, (activation_memo.KIND, ("x",), (), ()))
+    second = overlays(cfg)
+    second.activate()
+    assert _rows(second) == _rows(first)
+    assert cache.load(memo_key, activation_memo._is_memo)[0][1] == ("fix", "later", "other")
+
+
+def test_a_target_file_gone_since_the_memo_fails_its_patch_not_the_import(series, config, overlays) -> None:
+    name, other, sandbox = series
+    cfg = config(cache_dir=sandbox.root / "cache")
+    first = overlays(cfg)
+    first.activate()
+    first._hook.uninstall()
+    (sandbox.pkg / f"{other.removeprefix('torch.')}.py").unlink()
+    importlib.invalidate_caches()
+    second = overlays(cfg)
+    second.activate()
+    assert _state(second, "other").state == "failed"
+    assert "not found in the installed torch" in _state(second, "other").reason
+    assert _state(second, "fix").state == "pending"
+    assert importlib.import_module(name).answer() == 42
+    sys.modules.pop(other, None)
