@@ -26,6 +26,21 @@ __all__ = ["Component", "Entry", "group_components", "ModulePlan"]
 class Entry:
     """One patch in this process: its state and what it changed (compared by identity)."""
 
+    # One per patch at every import: no instance dict (fewer objects for the collector to walk).
+    __slots__ = (
+        "patch",
+        "state",
+        "reason",
+        "variant",
+        "component",
+        "plans",
+        "swapped",
+        "at_import",
+        "changes",
+        "targets",
+        "warned",
+    )
+
     def __init__(self, patch: Patch, state: PatchState = PatchState.PENDING, reason: str = "") -> None:
         self.patch = patch
         self.state = state

@@ -49,7 +49,9 @@ def series_key(patches_dir: Path) -> tuple[str, bool]:
     now = time.time_ns()
     with os.scandir(patches_dir) as entries:
         # Tuples of ints, digested at C speed: formatting them costs more per file than the stat.
-        listing = [(e.name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns) for e in entries for st in (e.stat(),)]
+        listing = [
+            (e.name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns) for e in entries for st in (e.stat(),)
+        ]
     listing.sort()
     # A write sets the mtime to the clock's now, so the mtimes alone say whether it is racy.
     racy = any(abs(now - row[2]) < RACY_NS for row in listing)

@@ -42,7 +42,8 @@ def inherit(environ: MutableMapping[str, str]) -> bool:
 def _pythonpath(old: str) -> str:
     parts = [str(BOOTSTRAP)]
     package_parent = str(BOOTSTRAP.parents[2])
-    if not any(Path(package_parent).match(p) for p in ("*/site-packages", "*/dist-packages")):
+    # (not Path.match: its fnmatch compiles two regular expressions at every `import torch_overlay`)
+    if os.path.basename(package_parent) not in ("site-packages", "dist-packages"):
         parts.append(package_parent)  # a source checkout: the children must find torch_overlay
     rest = [p for p in old.split(os.pathsep) if p and p not in parts]
     return os.pathsep.join(parts + rest)

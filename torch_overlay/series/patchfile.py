@@ -42,7 +42,8 @@ NOTES_MARK = "Overlay-Notes:"
 # row's link): all that the series index keeps; :meth:`PatchFile.field` reads them without the file.
 INDEXED_FIELDS = ("Overlay-Id", "Torch-Versions", "Introduced", "Applied-Upstream", "Bug")
 
-_SUBJECT_RE = re.compile(r"^Subject:(.*(?:\n[ \t].*\S.*)*)", re.M)
+# Compiled where a patch is parsed (re caches it), not at `import torch_overlay`: a warm import parses none.
+_SUBJECT = r"^Subject:(.*(?:\n[ \t].*\S.*)*)"
 _KNOWN = frozenset(KNOWN_FIELDS)
 _MULTI = frozenset(MULTI_FIELDS)
 _INDEXED = frozenset(INDEXED_FIELDS)
@@ -234,7 +235,7 @@ def parse_patch(path: Path | str, text: str | None = None, *, lazy: bool = False
 
     # Mail header: up to the first blank line.
     blank = _find_line(text, "", 0)
-    subject_match = _SUBJECT_RE.search(text, 0, blank)
+    subject_match = re.compile(_SUBJECT, re.M).search(text, 0, blank)
     subject = " ".join(part.strip() for part in subject_match.group(1).split("\n")) if subject_match else ""
     if not subject:
         raise PatchParseError(path, 1, "no 'Subject:' line in the mail header")

@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["find_file", "parse_version", "SUPPORTED", "support_note", "torch_root", "torch_version", "version_in"]
+__all__ = ["find_file", "parse_version", "SUPPORTED", "support_note", "torch_root", "torch_version", "version_from_text", "version_in"]
 
 Version = tuple[int, int, int]
 
@@ -46,10 +46,22 @@ def torch_version() -> str:
     if torch is not None and hasattr(torch, "__version__"):
         return str(torch.__version__)
     text = (torch_root() / "torch" / "version.py").read_text(encoding="utf-8")
-    m = re.search(r"^__version__\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
-    if not m:
+    version = version_from_text(text)
+    if version is None:
         raise ImportError("cannot read torch/version.py")
-    return m.group(1)
+    return version
+
+
+def version_from_text(text: str) -> str | None:
+    """``__version__`` of a ``version.py`` (``__version__ = '2.13.0+cpu'``, or annotated ``: str``),
+    read without a regular expression: compiling one is a measurable part of ``import torch_overlay``."""
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.split(":")[0].strip() == "__version__":
+            value = value.split("#", 1)[0].strip()
+            if len(value) > 2 and value[0] == value[-1] and value[0] in "'\"":
+                return value[1:-1]
+    return None
 
 
 @functools.cache
