@@ -1,13 +1,17 @@
-"""The plain classes that replaced dataclasses on the import path behave as those did: fields,
-equality, hashing, immutability, repr (``_state``'s docstring says why they are not dataclasses)."""
+"""The plain classes that replaced dataclasses and enums on the import path behave as those did:
+fields, equality, hashing, immutability, repr (``_state``'s docstrings say why they are plain)."""
 
+import copy
+import enum
+import json
+import marshal
 import pickle
 from pathlib import Path
 
 import pytest
 
 from torch_overlay._config import Config
-from torch_overlay._state import PatchState, PatchStatus, Target
+from torch_overlay._state import Mode, PatchState, PatchStatus, Target
 from torch_overlay.engine.outcome import Outcome
 
 
@@ -53,3 +57,24 @@ def test_config_is_a_frozen_value(tmp_path):
 def test_outcome_compares_by_value():
     assert Outcome(PatchState.APPLIED, "r", None) == Outcome(PatchState.APPLIED, "r", None, set())
     assert Outcome(PatchState.APPLIED, "r", None, {"a"}) != Outcome(PatchState.APPLIED, "r", None)
+
+
+@pytest.mark.parametrize("words", [PatchState, Mode])
+def test_states_and_modes_behave_as_the_str_enums_they_replace(words):
+    # The StrEnum each replaces, made here (tests may pay for enum's class machinery).
+    reference = enum.StrEnum(words.__name__, [(m.name, m.value) for m in words])
+    assert [(m.name, m.value) for m in words] == [(m.name, m.value) for m in reference]
+    assert len(words) == len(reference)
+    for member, ref in zip(words, reference):
+        assert member == ref == ref.value and hash(member) == hash(ref.value)
+        assert str(member) == str(ref) and f"{member}" == f"{ref}" and type(str(member)) is str
+        assert repr(member) == repr(ref)
+        assert isinstance(member, str) and isinstance(member, words)
+        assert words(ref.value) is member is getattr(words, ref.name)
+        assert pickle.loads(pickle.dumps(member)) is member and copy.deepcopy(member) is member
+        assert json.dumps([member]) == json.dumps([ref])
+        assert marshal.loads(marshal.dumps(str(member))) == member
+    with pytest.raises(ValueError, match="is not a valid"):
+        words("no such value")
+    with pytest.raises(AttributeError):
+        words.APPLIED = "other"  # type: ignore[misc]

@@ -8,7 +8,7 @@ dataclass behaviour they replace (fields, equality, hashing, repr).
 
 from __future__ import annotations
 
-import enum
+from collections.abc import Iterator
 
 __all__ = ["Mode", "OverlayError", "OverlayWarning", "PatchState", "PatchStatus", "Target"]
 
@@ -21,7 +21,65 @@ class OverlayWarning(UserWarning):
     """A patch drifted or failed, or a switch or the series could not be read."""
 
 
-class PatchState(enum.StrEnum):
+class _Words(type):
+    """The class of a set of named strings, with the ``enum.StrEnum`` surface the overlay uses:
+    ``Cls.NAME``, ``Cls("value")``, iteration in definition order, members that are their value
+    (``==``, ``str()``, ``hash``, JSON) with ``.name``, ``.value`` and an enum-like repr, pickled
+    by value. Not ``enum``: making the two classes below with it cost 1.6 M instructions at every
+    ``import torch`` (``tests/test_records.py`` holds them to the StrEnum behaviour)."""
+
+    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, object]) -> _Words:
+        words = {k: v for k, v in namespace.items() if k.isupper() and type(v) is str}
+        cls = super().__new__(mcs, name, bases, {k: v for k, v in namespace.items() if k not in words})
+        members = []
+        for key, value in words.items():
+            member = str.__new__(cls, value)
+            member.name = key
+            type.__setattr__(cls, key, member)
+            members.append(member)
+        type.__setattr__(cls, "_members", tuple(members))
+        return cls
+
+    def __call__(cls, value: object) -> _Word:  # type: ignore[override]
+        for member in cls._members:  # type: ignore[attr-defined]
+            if member == value:
+                return member
+        raise ValueError(f"{value!r} is not a valid {cls.__name__}")
+
+    def __iter__(cls) -> Iterator[_Word]:
+        return iter(cls._members)  # type: ignore[attr-defined]
+
+    def __len__(cls) -> int:
+        return len(cls._members)  # type: ignore[attr-defined]
+
+    def __setattr__(cls, name: str, value: object) -> None:
+        raise AttributeError(f"cannot reassign member {name!r} of {cls.__name__}")
+
+
+class _Word(str):
+    name: str
+
+    @property
+    def value(self) -> str:
+        return str.__str__(self)
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}.{self.name}: {str.__repr__(self)}>"
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        return type(self), (str.__str__(self),)
+
+    def __copy__(self) -> _Word:
+        return self
+
+    def __deepcopy__(self, memo: object) -> _Word:
+        return self
+
+
+class PatchState(_Word, metaclass=_Words):
     APPLIED = "applied"  # the patched code is live (the build tools: the diff applies)
     UPSTREAM = "upstream"  # torch already has the change
     DRIFT = "drift"  # neither the diff nor its reverse fits
@@ -32,7 +90,7 @@ class PatchState(enum.StrEnum):
     FAILED = "failed"  # anything unexpected; the reason says what
 
 
-class Mode(enum.StrEnum):
+class Mode(_Word, metaclass=_Words):
     """How an applied patch reached its modules."""
 
     AT_IMPORT = "at import"  # the module executed the patched source

@@ -15,7 +15,6 @@ order, is ignored and activation runs again (and stores a new one).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from .._state import PatchState, Target
@@ -137,7 +136,7 @@ def replay(
                 if own not in seen:
                     listed = [targets[p] for p in own]
                     seen[own] = listed, "waiting for import of " + ", ".join([t.module for t in listed])
-            component = Component(chosen, {path: Path(file) for path, _, file in files}, targets)
+            component = Component(chosen, {path: file for path, _, file in files}, targets)
             made.append((component, [seen[own] for own in paths]))
     except (TypeError, ValueError, IndexError, KeyError):
         return None

@@ -103,11 +103,11 @@ class Component:
     def __init__(
         self,
         entries: list[Entry],
-        files: dict[str, Path],  # torch-relative path -> file
+        files: dict[str, Path] | dict[str, str],  # torch-relative path -> file
         targets: dict[str, Target],  # path -> target
     ) -> None:
         self.entries = entries
-        self.files = files
+        self._files = files
         self.targets = targets
         self.decided = False
         self.modules: dict[str, ModulePlan] = {}  # module name -> plan
@@ -118,6 +118,13 @@ class Component:
 
     def __repr__(self) -> str:
         return f"Component({[e.patch.id for e in self.entries]}, decided={self.decided})"
+
+    @property
+    def files(self) -> dict[str, Path]:
+        """Each file's ``Path``, made when first used: a warm import decides few components."""
+        if any(type(f) is str for f in self._files.values()):
+            self._files = {p: Path(f) for p, f in self._files.items()}
+        return self._files  # type: ignore[return-value]
 
 
 def group_components(
