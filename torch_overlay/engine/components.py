@@ -7,7 +7,7 @@ dataclasses (see ``_state``'s docstring: this module is imported with every ``im
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence, Set as AbstractSet
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from .modcode import ModuleCode
 
 __all__ = ["Component", "Entry", "group_components", "ModulePlan"]
+
+
+_NONE: frozenset[str] = frozenset()
 
 
 class Entry:
@@ -47,12 +50,14 @@ class Entry:
         self.reason = reason
         self.variant: PatchFile | None = None
         self.component: Component | None = None
-        self.plans: list[SwapPlan] = []  # late path: committed swaps
-        self.swapped: set[str] = set()  # modules whose functions were swapped
-        self.at_import: set[str] = set()  # modules that executed the patched source
-        self.changes: set[str] = set()  # modules this patch's variant changes
+        # Immutable until set: an entry is made per patch at every import, and a container each
+        # would be objects more per patch for the garbage collector to walk during `import torch`.
+        self.plans: tuple[SwapPlan, ...] = ()  # late path: committed swaps
+        self.swapped: AbstractSet[str] = _NONE  # modules whose functions were swapped
+        self.at_import: AbstractSet[str] = _NONE  # modules that executed the patched source
+        self.changes: AbstractSet[str] = _NONE  # modules this patch's variant changes
         # The files of the variants written for this torch whose files all exist in it
-        self.targets: list[Target] = []
+        self.targets: Sequence[Target] = ()
         self.warned = False
 
     def __repr__(self) -> str:

@@ -180,7 +180,7 @@ def _compile_and_commit(
                 swap.revert()
             return entry, f"{type(exc).__name__} while swapping code: {exc}"
     for entry, swap in committed:
-        entry.plans.append(swap)
+        entry.plans += (swap,)
     return None
 
 

@@ -216,7 +216,7 @@ class Overlay:
                 return
             for entry in plan.entries:
                 if entry.state in (PatchState.PENDING, PatchState.APPLIED) and name in entry.changes:
-                    entry.at_import.add(name)
+                    entry.at_import = entry.at_import | {name}
                     self._update(entry)
             self._after_change([name])
             self._maybe_log_summary()

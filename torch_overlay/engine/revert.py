@@ -33,7 +33,7 @@ def revert_components(components: Iterable[Component]) -> tuple[list[str], list[
             for plan in reversed(entry.plans):
                 plan.revert()
                 touched.append(plan.module.__name__)
-            entry.plans, entry.swapped = [], set()
+            entry.plans, entry.swapped = (), frozenset()
             if entry.state in (PatchState.APPLIED, PatchState.PENDING):
                 entry.state, entry.reason = PatchState.DISABLED, "reverted by torch_overlay.revert()"
     return touched, needs_restart
