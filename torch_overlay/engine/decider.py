@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._state import PatchState
-from ..series.decide import carried_stack, decide, Tried
 from ..series.patchfile import PatchParseError
 from .codecache import CodeCache
 from .components import Component, Entry, ModulePlan
@@ -21,6 +20,7 @@ from .decision_cache import decision_key, file_signature, recall, remember
 from .outcome import Outcome
 
 if TYPE_CHECKING:
+    from ..series.decide import Tried
     from .codeswap import SwapPlan
 
 __all__ = [
@@ -62,6 +62,8 @@ def decide_component(
         if recalled is not None:
             component.decided = True
             return recalled, imported
+    # Here, not at the top: a recalled decision (every warm `import torch`) decides no patch.
+    from ..series.decide import carried_stack, decide
     from .codeswap import CodeSwapError, plan_swap
     from .modcode import compile_module
 
