@@ -72,6 +72,25 @@ def _instructions(code: str, cache: str, seed: int, patches: Path | None = None)
 
 
 SEEDS = (0, 1, 2)
+
+
+def _stdlib_of_torch() -> str:
+    """``import a, b, ...`` of the standard-library modules a plain ``import torch`` imports."""
+    probe = "import sys, torch; print(' '.join(sorted(sys.modules)))"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    names = [m for m in out.stdout.split() if m.split(".")[0] in sys.stdlib_module_names and m != "__main__"]
+    return "import " + ", ".join(names)
+
+
+_BASES: dict[tuple[str, int], int] = {}
+
+
+def _import_torch_alone(cache: str, seed: int) -> int:
+    """``import torch`` alone (measured once per seed)."""
+    if (cache, seed) not in _BASES:
+        _BASES[(cache, seed)] = _instructions("import torch", cache, seed)
+    return _BASES[(cache, seed)]
 # A module that exists in every supported torch and that neither `import torch` nor a training job
 # imports: the generated patches of the doubled series stay pending, as most real ones do.
 UNUSED_MODULE = "torch/utils/show_pickle.py"
@@ -116,8 +135,19 @@ def instructions(cache: str, seeds: tuple[int, ...]) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_OVERLAY_CACHE_DIR": cache, "TORCH_OVERLAY_PATCHES": str(doubled)}
         subprocess.run([sys.executable, "-c", "import torch_overlay, torch"], env=env, check=True)  # its index
         ratios, doubled_ratios, bases = [], [], []
+        # What the series itself costs, apart from torch's import: `import torch_overlay` after the
+        # standard-library modules torch imports anyway (those are not the overlay's cost).
+        preload = _stdlib_of_torch()
+        alone = _instructions(preload, cache, seeds[0])
+        own = _instructions(preload + "\nimport torch_overlay", cache, seeds[0]) - alone
+        own_doubled = _instructions(preload + "\nimport torch_overlay", cache, seeds[0], doubled) - alone
+        print(
+            f"PYTHONHASHSEED={seeds[0]}: import torch_overlay itself (stdlib preloaded): {own / 1e6:.1f} M instructions, "
+            f"{own_doubled / 1e6:.1f} M with the doubled series: {(own_doubled - own) / added / 1e3:.0f} k per patch file "
+            f"({(own_doubled - own) / _import_torch_alone(cache, seeds[0]) * 100:+.3f}% of import torch for {added} files)"
+        )
         for seed in seeds:
-            base = _instructions("import torch", cache, seed)
+            base = _import_torch_alone(cache, seed)
             over = _instructions("import torch_overlay, torch", cache, seed)
             twice = _instructions("import torch_overlay, torch", cache, seed, doubled)
             ratios.append(over / base)
