@@ -19,7 +19,7 @@ from typing import Any, TYPE_CHECKING
 
 from .._state import PatchState, Target
 from ..series.versions import torch_root, torch_version
-from .components import Component
+from .components import Component, group_components
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -55,8 +55,6 @@ def settle_and_group(
         settled = _settled_without_files(entry, config)
         if settled is not None:
             settle(entry, *settled)
-    from .components import group_components
-
     components = group_components(entries, torch_version(), settle)
     if key is not None:
         cache.store(key, record(entries, components))
@@ -88,9 +86,7 @@ def record(entries: list[Entry], components: list[Component]) -> tuple[Any, ...]
     """What activation made of ``entries``, marshal-native: the settled patches' states, and the
     components (their members by position, each member's files, each file's module and path)."""
     position = {id(e): i for i, e in enumerate(entries)}
-    settled = tuple(
-        (i, str(e.state), e.reason) for i, e in enumerate(entries) if e.state != PatchState.PENDING
-    )
+    settled = tuple((i, str(e.state), e.reason) for i, e in enumerate(entries) if e.state != PatchState.PENDING)
     grouped = tuple(
         (
             tuple(position[id(e)] for e in c.entries),
@@ -103,7 +99,9 @@ def record(entries: list[Entry], components: list[Component]) -> tuple[Any, ...]
 
 
 def _is_memo(value: Any) -> bool:
-    return type(value) is tuple and len(value) == 4 and value[0] == KIND and all(type(v) is tuple for v in value[1:])
+    if not (type(value) is tuple and len(value) == 4 and value[0] == KIND):
+        return False
+    return all(type(part) is tuple for part in value[1:])
 
 
 def replay(
