@@ -48,6 +48,14 @@ def series(sandbox):
     return name, other, sandbox
 
 
+def _activated_once(overlays, cfg):
+    """An overlay activated with ``cfg`` (which stores the memo), its import hook taken off."""
+    first = overlays(cfg)
+    first.activate()
+    first._hook.uninstall()
+    return first
+
+
 def _memo_stores(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     stored: list[str] = []
     original = CodeCache.store
@@ -137,9 +145,7 @@ def test_a_memo_that_does_not_fit_is_not_replayed(series, config) -> None:
 def test_a_poisoned_memo_is_ignored_and_rewritten(series, config, overlays) -> None:
     _, _, sandbox = series
     cfg = config(cache_dir=sandbox.root / "cache")
-    first = overlays(cfg)
-    first.activate()
-    first._hook.uninstall()
+    first = _activated_once(overlays, cfg)
     cache = first._cache
     _, key = series_index.indexed_series_and_key(sandbox.patches, cache)
     from torch_overlay.series.versions import torch_root, torch_version
@@ -154,13 +160,10 @@ def test_a_poisoned_memo_is_ignored_and_rewritten(series, config, overlays) -> N
 
 def test_a_target_file_gone_since_the_memo_fails_its_patch_not_the_import(series, config, overlays) -> None:
     name, other, sandbox = series
-    cfg = config(cache_dir=sandbox.root / "cache")
-    first = overlays(cfg)
-    first.activate()
-    first._hook.uninstall()
+    _activated_once(overlays, config(cache_dir=sandbox.root / "cache"))
     (sandbox.pkg / f"{other.removeprefix('torch.')}.py").unlink()
     importlib.invalidate_caches()
-    second = overlays(cfg)
+    second = overlays(config(cache_dir=sandbox.root / "cache"))
     second.activate()
     assert _state(second, "other").state == "failed"
     assert "not found in the installed torch" in _state(second, "other").reason

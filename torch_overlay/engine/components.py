@@ -113,6 +113,7 @@ class Component:
     ) -> None:
         self.entries = entries
         self._files = files
+        self._paths: dict[str, Path] | None = None
         self.targets = targets
         self.decided = False
         self.modules: dict[str, ModulePlan] = {}  # module name -> plan
@@ -127,9 +128,9 @@ class Component:
     @property
     def files(self) -> dict[str, Path]:
         """Each file's ``Path``, made when first used: a warm import decides few components."""
-        if any(type(f) is str for f in self._files.values()):
-            self._files = {p: Path(f) for p, f in self._files.items()}
-        return self._files  # type: ignore[return-value]
+        if self._paths is None:
+            self._paths = {p: Path(f) for p, f in self._files.items()}
+        return self._paths
 
 
 def group_components(
