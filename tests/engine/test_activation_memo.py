@@ -13,6 +13,7 @@ import pytest
 
 from torch_overlay.engine import activation_memo, series_index
 from torch_overlay.engine.codecache import CodeCache
+from torch_overlay import OverlayWarning
 from torch_overlay.engine.components import Entry
 from torch_overlay.series.series import read_series
 
@@ -170,3 +171,51 @@ def test_a_target_file_gone_since_the_memo_fails_its_patch_not_the_import(series
     assert _state(second, "fix").state == "pending"
     assert importlib.import_module(name).answer() == 42
     sys.modules.pop(other, None)
+
+
+def test_a_warm_activation_makes_only_the_patches_it_decides(series, config, overlays) -> None:
+    name, other, sandbox = series
+    cfg = config(cache_dir=sandbox.root / "cache")
+    _activated_once(overlays, cfg)
+    second = overlays(cfg)
+    second.activate()
+    made = lambda: [e.id for e in second._entries if e._patch is not None]  # noqa: E731
+    assert made() == []
+    assert importlib.import_module(name).answer() == 42
+    assert made() == ["fix"]  # its component was decided; "later" and "other" were not needed
+    assert [s.id for s in second.status()] == ["fix", "later", "other"]
+    assert made() == ["fix", "later", "other"]
+
+
+def _spoil_index_rows(cache: CodeCache, patches: Path, pid: str) -> None:
+    """The index as stored, but with the rows of ``pid`` not what the index makes."""
+    key = series_index.series_key(patches)[0]
+    kind, rows = cache.load(key, series_index._is_index)[0]
+    cache.store(key, (kind, {**rows, pid: b"not rows"}))
+
+
+def test_rows_not_believed_are_read_from_the_files(series, config, overlays) -> None:
+    _, other, sandbox = series
+    cfg = config(cache_dir=sandbox.root / "cache")
+    first = _activated_once(overlays, cfg)
+    _spoil_index_rows(first._cache, sandbox.patches, "other")
+    second = overlays(cfg)
+    second.activate()  # the memo names the index's patches: recalled
+    assert [e.id for e in second._entries if e._patch is not None] == []
+    assert importlib.import_module(other).answer() == 8
+    assert (_state(second, "other").state, _state(second, "other").mode) == ("applied", "at import")
+    assert _rows(second)[:2] == _rows(first)[:2]
+
+
+def test_a_patch_gone_from_the_files_when_first_needed_fails_alone(series, config, overlays) -> None:
+    name, other, sandbox = series
+    cfg = config(cache_dir=sandbox.root / "cache")
+    first = _activated_once(overlays, cfg)
+    _spoil_index_rows(first._cache, sandbox.patches, "other")
+    second = overlays(cfg)
+    second.activate()
+    (sandbox.patches / "series").write_text("0001-fix.patch\n0002-later.patch\n")  # after the recall
+    with pytest.warns(OverlayWarning, match="patch other failed: .*no longer in"):
+        assert importlib.import_module(other).answer() == 7  # left unpatched; the import works
+    assert _state(second, "other").state == "failed"
+    assert importlib.import_module(name).answer() == 42

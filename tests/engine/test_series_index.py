@@ -186,24 +186,37 @@ def test_a_truncated_index_is_ignored_and_rebuilt(indexed) -> None:
 
 
 K = series_index.KIND
-FIELDS = {"Overlay-Id": "x"}
+FIELDS = {"Overlay-Id": "fix"}
+
+
+def _rows(*rows: object) -> dict[str, bytes]:
+    """An index of one patch ``fix`` whose rows are ``rows``."""
+    return {"fix": marshal.dumps(rows)}
 
 
 @pytest.mark.parametrize(
     "poison",
     [
         "not an index",
-        (K, [("../../outside.patch", "s", FIELDS, ("torch/x.py",), bytes(32))]),
-        (K, [("..", "s", FIELDS, ("torch/x.py",), bytes(32))]),
-        (K, [("0001-fix.patch", "s", {"Overlay-Id": 1}, ("torch/x.py",), bytes(32))]),
-        (K, [("0001-fix.patch", "s", {"Overlay-Id": "x", "Symptom": "not indexed"}, ("torch/x.py",), bytes(32))]),
-        (K, [("0001-fix.patch", "s", {"Bug": "no id"}, ("torch/x.py",), bytes(32))]),
-        (K, [("0001-fix.patch", "s", FIELDS, ("/etc/passwd",), bytes(32))]),
-        (K, [("0001-fix.patch", "s", FIELDS, ("torch/x.py",), "0" * 64)]),  # a str where the digest's bytes belong
-        (K, [("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(31))]),
-        (K, [["0001-fix.patch", "s", FIELDS, ["torch/x.py"], bytes(32)]]),
-        ("another kind", []),
-        (K, ()),
+        (K, _rows(("../../outside.patch", "s", FIELDS, ("torch/x.py",), bytes(32)))),
+        (K, _rows(("..", "s", FIELDS, ("torch/x.py",), bytes(32)))),
+        (K, _rows(("0001-fix.patch", "s", {"Overlay-Id": 1}, ("torch/x.py",), bytes(32)))),
+        (K, _rows(("0001-fix.patch", "s", {"Overlay-Id": "fix", "Symptom": "not indexed"}, ("torch/x.py",), bytes(32)))),
+        (K, _rows(("0001-fix.patch", "s", {"Bug": "no id"}, ("torch/x.py",), bytes(32)))),
+        (K, _rows(("0001-fix.patch", "s", {"Overlay-Id": "another"}, ("torch/x.py",), bytes(32)))),  # not its id
+        (K, _rows(("0001-fix.patch", "s", FIELDS, ("/etc/passwd",), bytes(32)))),
+        (K, _rows(("0001-fix.patch", "s", FIELDS, ("torch/x.py",), "0" * 64))),  # a str where the digest belongs
+        (K, _rows(("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(31)))),
+        (K, _rows(["0001-fix.patch", "s", FIELDS, ["torch/x.py"], bytes(32)])),
+        (K, _rows(("an error row before a variant",), ("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32)))),
+        (K, _rows()),
+        (K, {"fix": b"not marshal"}),
+        (K, {"fix": marshal.dumps([("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32))])}),
+        (K, {1: marshal.dumps((("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32)),))}),
+        (K, {"fix": (("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32)),)}),  # not marshalled apart
+        ("another kind", {}),
+        (K, {}),
+        (K, [("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32))]),  # the format before
         [1, 2, 3],
     ],
 )
@@ -222,3 +235,12 @@ def test_an_index_holding_code_is_never_run(indexed, tmp_path) -> None:
     assert marshal.loads(marshal.dumps(code)) is not None
     assert [p.id for p in read_indexed_series(patches, cache)] == ["fix"]
     assert not witness.exists()
+
+
+def test_a_well_formed_row_is_believed(tmp_path: Path) -> None:
+    """The control of the poisons above: the same row, well formed, makes the patch."""
+    blob = _rows(("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32)), ("its later file failed",))["fix"]
+    patch = series_index._patch_from_index(tmp_path, "fix", blob)
+    assert patch is not None
+    assert (patch.id, [v.name for v in patch.variants], patch.error) == ("fix", ["0001-fix.patch"], "its later file failed")
+    assert patch.variants[0].path == tmp_path / "0001-fix.patch"

@@ -5,10 +5,12 @@ switched off), finds the files of the others in the installed torch and groups t
 components. That depends only on the series (its index key: every patch file's ``stat``), the
 torch release and where it is installed, and the switches that turn patches off; it cost more
 per patch file than anything else a warm import did. The result is kept in the code cache under
-a key made of exactly those, as plain tuples, and a later process replays it: no version is
-parsed and no torch file is looked up until a component is decided (which ``stat``s its files).
+a key made of exactly those, as plain tuples, and a later process recalls it: no version is
+parsed, no torch file is looked up until a component is decided (which ``stat``s its files), and
+no patch is made until it is used (a warm import costs little more per patch file than its
+``stat``, whatever the length of the series).
 
-A memo that is not exactly the expected shape, or that does not name the series' patches in
+A memo that is not exactly the expected shape, or that does not name the index's patches in
 order, is ignored and activation runs again (and stores a new one).
 """
 
@@ -19,19 +21,51 @@ from typing import Any, TYPE_CHECKING
 
 from .._state import PatchState, Target
 from ..series.versions import torch_root, torch_version
-from .components import Component, group_components
+from .components import Component, Entry, group_components
+from .series_index import IndexedPatches, series_key
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     from .._config import Config
     from .codecache import CodeCache
-    from .components import Entry
 
-__all__ = ["memo_key", "record", "replay", "settle_and_group"]
+__all__ = ["memo_key", "recall", "record", "replay", "settle_and_group"]
 
 # Bump when the memo's shape, or what activation derives from the series, changes.
-KIND = "activation memo 1"
+KIND = "activation memo 2"
+
+
+def recall(
+    patches_dir: Path, config: Config, cache: CodeCache
+) -> tuple[list[Entry], list[Component], list[tuple[Entry, PatchState, str]]] | None:
+    """The entries and components of the series as the memo for this torch remembers them, and
+    the state of each patch it settled; None when there is no memo that fits.
+
+    No patch is made: each entry makes its own from the series index when it is first used
+    (:class:`~.series_index.IndexedPatches`), so a warm import costs little more per patch file
+    than its ``stat``.
+    """
+    if not cache.usable:
+        return None
+    try:
+        series, _ = series_key(patches_dir)
+    except OSError:
+        return None
+    found = cache.load(memo_key(series, torch_version(), str(torch_root()), config), _is_memo)
+    if found is None:
+        return None
+    # The memo names the patches of the index, in its order (the index's keys are unique strings
+    # once they are made into patches: IndexedPatches.get).
+    patches = IndexedPatches(patches_dir, cache, series)
+    ids = found[0][1]
+    if list(ids) != patches.ids():
+        return None
+    entries = [Entry(pid, source=patches.get) for pid in ids]
+    settled: list[tuple[Entry, PatchState, str]] = []
+    components = replay(found[0], entries, lambda *s: settled.append(s))
+    return None if components is None else (entries, components, settled)
 
 
 def settle_and_group(
@@ -42,21 +76,14 @@ def settle_and_group(
     settle: Callable[[Entry, PatchState, str], None],
 ) -> list[Component]:
     """Settle what the patches' fields decide (through ``settle``) and group the others into
-    components: as the memo for this torch says, or worked out and remembered when the series is
-    indexed (``series_key``)."""
-    key = None
-    if series_key is not None:
-        key = memo_key(series_key, torch_version(), str(torch_root()), config)
-        found = cache.load(key, _is_memo)
-        components = None if found is None else replay(found[0], entries, settle)
-        if components is not None:
-            return components
+    components; remembered for this torch when the series is indexed (``series_key``)."""
     for entry in entries:
         settled = _settled_without_files(entry, config)
         if settled is not None:
             settle(entry, *settled)
     components = group_components(entries, torch_version(), settle)
-    if key is not None:
+    if series_key is not None:
+        key = memo_key(series_key, torch_version(), str(torch_root()), config)
         cache.store(key, record(entries, components))
     return components
 
@@ -95,7 +122,7 @@ def record(entries: list[Entry], components: list[Component]) -> tuple[Any, ...]
         )
         for c in components
     )
-    return KIND, tuple(e.patch.id for e in entries), settled, grouped
+    return KIND, tuple(e.id for e in entries), settled, grouped
 
 
 def _is_memo(value: Any) -> bool:
@@ -110,7 +137,7 @@ def replay(
     """The components ``memo`` describes for ``entries`` (each settled patch given its state by
     ``settle``), or None, touching nothing, when the memo does not fit them."""
     _, ids, settled, grouped = memo
-    if list(ids) != [e.patch.id for e in entries]:
+    if list(ids) != [e.id for e in entries]:
         return None
     try:
         states = [(entries[i], PatchState(state), reason) for i, state, reason in settled]

@@ -31,7 +31,9 @@ class Entry:
 
     # One per patch at every import: no instance dict (fewer objects for the collector to walk).
     __slots__ = (
-        "patch",
+        "id",
+        "_patch",
+        "_source",
         "state",
         "reason",
         "variant",
@@ -44,8 +46,21 @@ class Entry:
         "warned",
     )
 
-    def __init__(self, patch: Patch, state: PatchState = PatchState.PENDING, reason: str = "") -> None:
-        self.patch = patch
+    def __init__(
+        self,
+        patch: Patch | str,
+        state: PatchState = PatchState.PENDING,
+        reason: str = "",
+        source: Callable[[str], Patch] | None = None,
+    ) -> None:
+        # A patch, or its id and where to get it when first needed (a recalled activation makes
+        # no patch until a component of it is decided: engine/activation_memo.py).
+        if isinstance(patch, str):
+            assert source is not None
+            self.id, self._patch = patch, None
+        else:
+            self.id, self._patch = patch.id, patch
+        self._source = source
         self.state = state
         self.reason = reason
         self.variant: PatchFile | None = None
@@ -61,7 +76,15 @@ class Entry:
         self.warned = False
 
     def __repr__(self) -> str:
-        return f"Entry({self.patch.id!r}, state={self.state!r}, reason={self.reason!r})"
+        return f"Entry({self.id!r}, state={self.state!r}, reason={self.reason!r})"
+
+    @property
+    def patch(self) -> Patch:
+        """The patch (its variants made when first used)."""
+        if self._patch is None:
+            assert self._source is not None
+            self._patch = self._source(self.id)
+        return self._patch
 
     @property
     def live(self) -> bool:
@@ -123,7 +146,7 @@ class Component:
         self.remembered = False
 
     def __repr__(self) -> str:
-        return f"Component({[e.patch.id for e in self.entries]}, decided={self.decided})"
+        return f"Component({[e.id for e in self.entries]}, decided={self.decided})"
 
     @property
     def files(self) -> dict[str, Path]:

@@ -55,8 +55,12 @@ def decide_component(
     committed for imported modules are on each entry's ``plans``.
     """
     imported = {t.module for t in component.targets.values() if t.module in sys.modules and t.module != importing}
+    # A patch made only now (a recalled activation) that could not be: it fails alone, as at activation.
+    malformed = {
+        id(e): f"malformed patch: {e.patch.error}" for e in component.entries if e.state == PatchState.PENDING and e.patch.error
+    }
     key = None
-    if not imported and cache.usable:  # nothing to swap: the decision may be recalled, or kept
+    if not imported and not malformed and cache.usable:  # nothing to swap: the decision may be recalled, or kept
         key = decision_key(component, version)
         recalled = recall(key, component, cache)
         if recalled is not None:
@@ -69,7 +73,7 @@ def decide_component(
 
     signatures = {path: file_signature(file) for path, file in component.files.items()}
     texts = {path: file.read_text(encoding="utf-8") for path, file in component.files.items()}
-    excluded: dict[int, str] = {}
+    excluded: dict[int, str] = dict(malformed)
     pending = [e.patch for e in component.entries if e.state == PatchState.PENDING]
     tried: Tried = {}  # each reverse diff is tried once over these texts, here or by decide
     carried = carried_stack(pending, version, texts, python_only=True, tried=tried)

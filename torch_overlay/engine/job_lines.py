@@ -32,7 +32,7 @@ def summary_line(entries: list[Entry], version: str) -> str:
     """``torch_overlay on torch 2.13.0: applied: a, b; upstream: c`` (logged at INFO, rank 0)."""
     counts: dict[str, list[str]] = {}
     for e in entries:
-        counts.setdefault(str(e.state), []).append(e.patch.id)
+        counts.setdefault(str(e.state), []).append(e.id)
     return f"torch_overlay on torch {version}: " + "; ".join(f"{state}: {', '.join(ids)}" for state, ids in counts.items())
 
 
@@ -50,25 +50,25 @@ def job_start_line(entries: list[Entry], version: str) -> str:
     if lost:
         line += (
             f"; {len(lost)} lost: imported too late ({', '.join(_late_modules(lost))} imported before "
-            f"torch_overlay): {', '.join(e.patch.id for e in lost)}"
+            f"torch_overlay): {', '.join(e.id for e in lost)}"
         )
     return line + ". `python -m torch_overlay status` says more; TORCH_OVERLAY_QUIET=1 hides this."
 
 
 def job_end_line(entries: list[Entry], rank: str) -> str:
     """``torch_overlay: 12 fixes applied in this process: ...; 16 not used ...``."""
-    applied = [e.patch.id for e in entries if e.state == PatchState.APPLIED]
+    applied = [e.id for e in entries if e.state == PatchState.APPLIED]
     unused = [e for e in entries if e.state == PatchState.PENDING]
     lost = _lost(entries)
     lost_ids = {id(e) for e in lost}
-    broken = [e.patch.id for e in entries if e.state in (PatchState.DRIFT, PatchState.FAILED) and id(e) not in lost_ids]
+    broken = [e.id for e in entries if e.state in (PatchState.DRIFT, PatchState.FAILED) and id(e) not in lost_ids]
     who = f"rank {rank}" if rank else "this process"
     head = f"{len(applied)} fix{'' if len(applied) == 1 else 'es'} applied in {who}"
     parts = [head + (f": {', '.join(applied)}" if applied else "")]
     if unused:
         parts.append(f"{len(unused)} not used (their modules were not imported)")
     if lost:
-        modules, ids = ", ".join(_late_modules(lost)), ", ".join(e.patch.id for e in lost)
+        modules, ids = ", ".join(_late_modules(lost)), ", ".join(e.id for e in lost)
         parts.append(f"{len(lost)} lost: imported too late ({modules}): {ids}")
     if broken:
         parts.append(f"{len(broken)} drifted or failed: {', '.join(broken)}")

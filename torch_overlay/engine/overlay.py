@@ -24,7 +24,7 @@ from ..series.series import Patch, SeriesError
 from ..series.versions import torch_version
 # Only what activation needs is imported here: `import torch_overlay` is on the path of every
 # job's `import torch` (README, Benchmarks); the rest is imported where it is first used.
-from .activation_memo import settle_and_group
+from .activation_memo import recall, settle_and_group
 from .components import Component, Entry
 from .import_failures import FailedImports
 from .importhook import ImportHook
@@ -91,20 +91,29 @@ class Overlay:
             if self._activated:
                 return
             self._activated = True
-            key = None
+            key, patches, recalled = None, [], None
             try:
-                patches, key = indexed_series_and_key(self.config.patches_dir, self._cache)
+                recalled = recall(self.config.patches_dir, self.config, self._cache)
+                if recalled is None:
+                    patches, key = indexed_series_and_key(self.config.patches_dir, self._cache)
             except SeriesError as exc:
-                patches = []
                 self.report_problem(str(exc))
             for problem in self.config.problems:
                 self.report_problem(problem)
-            self._entries = [Entry(p) for p in patches]
-            known = {e.patch.id for e in self._entries}
+            self._entries = recalled[0] if recalled else [Entry(p) for p in patches]
+            known = {e.id for e in self._entries}
             unknown = unknown_ids_problem(self.config.disabled_ids, known)
-            if unknown and patches:
+            if unknown and self._entries:
                 self.report_problem(unknown)
-            self._build_components(key)
+            if recalled:
+                _, components, settled = recalled
+                for entry, state, reason in settled:
+                    self._set(entry, state, reason)
+            else:
+                components = settle_and_group(self._entries, key, self.config, self._cache, self._set)
+            for component in components:
+                for target in component.targets.values():
+                    self._by_module[target.module] = component
             self._watch()
             for component in {id(c): c for c in self._by_module.values()}.values():
                 if any(t.module in sys.modules for t in component.targets.values()):
@@ -127,11 +136,6 @@ class Overlay:
             raise OverlayError(text)
         if says(text, self._environ):
             warn(text)
-
-    def _build_components(self, series_key: str | None) -> None:
-        for component in settle_and_group(self._entries, series_key, self.config, self._cache, self._set):
-            for target in component.targets.values():
-                self._by_module[target.module] = component
 
     def _watch(self) -> None:
         names = set(self._by_module)
@@ -173,7 +177,7 @@ class Overlay:
             if name in entry.swapped:
                 changed += [q for plan in entry.plans if plan.module.__name__ == name for q in plan.changed]
             elif component is not None and name in component.modules and component.modules[name].code:
-                changed += component.modules[name].code.changed.get(entry.patch.id, [])
+                changed += component.modules[name].code.changed.get(entry.id, [])
         name = entry.variant.name if entry.variant else ""
         self._set(entry, PatchState.APPLIED, f"{name}: {', '.join(dict.fromkeys(changed)) or 'new definitions'}")
 
@@ -234,7 +238,7 @@ class Overlay:
             return
         for entry in entries:
             if entry.state in (PatchState.DRIFT, PatchState.FAILED):
-                raise OverlayError(f"torch_overlay: patch {entry.patch.id} {entry.state}: {entry.reason}")
+                raise OverlayError(f"torch_overlay: patch {entry.id} {entry.state}: {entry.reason}")
 
     def _after_change(self, modules: list[str]) -> None:
         try:
@@ -243,7 +247,7 @@ class Overlay:
             if touches_dtensor(modules):
                 clear_dtensor_caches()
             live = [e for e in self._entries if e.live and e.variant is not None]
-            self._salt.set(",".join(f"torch_overlay:{e.patch.id}@{e.variant.digest[:12]}" for e in live))
+            self._salt.set(",".join(f"torch_overlay:{e.id}@{e.variant.digest[:12]}" for e in live))
         except Exception as exc:  # noqa: BLE001 - runs inside an import: never break it
             if self.config.strict:
                 raise
@@ -270,12 +274,12 @@ class Overlay:
             if entry.warned:
                 return
             entry.warned = True
-            message = f"torch_overlay: patch {entry.patch.id} {state}: {reason}; torch is left unpatched"
+            message = f"torch_overlay: patch {entry.id} {state}: {reason}; torch is left unpatched"
             # A late import happens alike on every rank of a job: rank 0 says it, once.
             if not reason.startswith(LATE) or says(message, self._environ):
                 warn(message)
         else:
-            log.debug("patch %s: %s (%s)", entry.patch.id, state, reason)
+            log.debug("patch %s: %s (%s)", entry.id, state, reason)
 
     def _maybe_log_summary(self) -> None:
         if self._summary_logged or any(e.state == PatchState.PENDING for e in self._entries):
@@ -348,7 +352,7 @@ def _mode(entry: Entry) -> str:
 def _status_row(e: Entry) -> PatchStatus:
     main = e.variant or e.patch.main
     return PatchStatus(
-        id=e.patch.id,
+        id=e.id,
         title=main.title if main else "",
         bug=main.field("Bug") if main else "",
         targets=tuple(e.targets or e.patch.targets),

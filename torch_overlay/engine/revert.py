@@ -24,8 +24,8 @@ def revert_components(components: Iterable[Component]) -> tuple[list[str], list[
             for entry in component.entries:
                 if entry.state in (PatchState.APPLIED, PatchState.PENDING) and entry.changes:
                     needs_restart.append(
-                        f"{entry.patch.id}: applied at import of {', '.join(sorted(entry.changes))}; "
-                        f"start a new process with TORCH_OVERLAY_DISABLE={entry.patch.id} to run without it"
+                        f"{entry.id}: applied at import of {', '.join(sorted(entry.changes))}; "
+                        f"start a new process with TORCH_OVERLAY_DISABLE={entry.id} to run without it"
                     )
             continue
         component.reverted = True

@@ -1,14 +1,16 @@
 """The series as activation needs it, kept in the code cache like ``__pycache__`` keeps bytecode.
 
 ``import torch_overlay`` needs, of each patch file, its id, subject, the fields that say whether it
-applies to the installed torch (``INDEXED_FIELDS``; the others are read from the file when used), the files its diff
-changes and a digest of its text (a decision and the compile caches' salt are keyed on it).
-Reading and parsing every patch file for that cost more than anything else the overlay adds to
-``import torch``, and grew with the series. The index holds exactly that, as plain tuples, dicts and strings in a code cache
-entry (written atomically, in a private folder, checked before use: :mod:`.codecache`), under a key
-made of what ``stat`` says of each entry of the series folder (name, size, mtime, inode, ctime):
-a patch edited, added, removed or renamed changes the key, and the series is read again. Nothing in
-it is executed, and an entry that is not exactly the expected shape is ignored and rebuilt.
+applies to the installed torch (``INDEXED_FIELDS``; the others are read from the file when used),
+the files its diff changes and a digest of its text (a decision and the compile caches' salt are
+keyed on it). Reading and parsing every patch file for that cost more than anything else the
+overlay adds to ``import torch``, and grew with the series. The index holds exactly that in a code
+cache entry (written atomically, in a private folder, checked before use: :mod:`.codecache`): each
+patch's rows, marshalled apart under its id, so that a process makes only the patches it uses
+(:class:`IndexedPatches`). Its key is made of what ``stat`` says of each entry of the series folder
+(name, size, mtime, inode, ctime): a patch edited, added, removed or renamed changes the key, and
+the series is read again. Nothing in it is executed, and rows that are not exactly the expected
+shape are not believed: the series is read from its files.
 
 A patch's text is read only when it is needed (:class:`~..series.patchfile.PatchFile`): its hunks,
 when a component is decided; its description and ``Error:`` lines for ``status`` or a hint.
@@ -24,15 +26,15 @@ from typing import Any, TYPE_CHECKING
 
 from .._version import __version__
 from ..series.patchfile import INDEXED_FIELDS, KNOWN_FIELDS, MULTI_FIELDS, PatchFile
-from ..series.series import Patch, read_series
+from ..series.series import Patch, read_series, SeriesError
 
 if TYPE_CHECKING:
     from .codecache import CodeCache
 
-__all__ = ["indexed_series_and_key", "read_indexed_series", "series_key"]
+__all__ = ["IndexedPatches", "indexed_series_and_key", "read_indexed_series", "series_key"]
 
 # Bump when what the index holds, or how a patch file is parsed, changes shape.
-KIND = "series index 4"
+KIND = "series index 5"
 # A file written this recently may be rewritten within the clock's resolution without its
 # signature changing (git's "racily clean" index entries): such a series is read, not indexed.
 RACY_NS = 2_000_000_000
@@ -89,36 +91,62 @@ def indexed_series_and_key(patches_dir: Path, cache: CodeCache) -> tuple[list[Pa
     return patches, None
 
 
-def _to_index(patches: list[Patch]) -> tuple[str, list[tuple[Any, ...]]]:
-    """The series, in order: one row per patch file (or per file that could not be parsed)."""
-    rows: list[tuple[Any, ...]] = []
+def _to_index(patches: list[Patch]) -> tuple[str, dict[str, bytes]]:
+    """The series, in order: each patch's rows (one per patch file, and one more for a file that
+    could not be parsed), marshalled on their own, so that a process makes only the patches it uses."""
+    import marshal
+
+    index: dict[str, bytes] = {}
     for patch in patches:
+        rows: list[tuple[Any, ...]] = []
         for v in patch.variants:
             fields = {k: v.fields[k] for k in INDEXED_FIELDS if k in v.fields}
             rows.append((v.name, v.subject, fields, v.paths, bytes.fromhex(v.digest)))
         if patch.error is not None:
-            rows.append((patch.id, patch.error))
-    return KIND, rows
+            rows.append((patch.error,))
+        index[patch.id] = marshal.dumps(tuple(rows))
+    return KIND, index
 
 
 def _is_index(value: Any) -> bool:
-    return isinstance(value, tuple) and len(value) == 2 and value[0] == KIND and isinstance(value[1], list)
+    return type(value) is tuple and len(value) == 2 and value[0] == KIND and type(value[1]) is dict
 
 
-def _from_index(patches_dir: Path, index: tuple[str, list[Any]]) -> list[Patch] | None:
+def _from_index(patches_dir: Path, index: tuple[str, dict[Any, Any]]) -> list[Patch] | None:
     """The patches the index describes, or None if it is not exactly what :func:`_to_index` makes."""
-    patches: dict[str, Patch] = {}
-    for row in index[1]:
+    patches = []
+    for pid, rows in index[1].items():
+        patch = _patch_from_index(patches_dir, pid, rows)
+        if patch is None:
+            return None
+        patches.append(patch)
+    return patches or None
+
+
+def _patch_from_index(patches_dir: Path, pid: Any, blob: Any) -> Patch | None:
+    """The patch ``pid`` as its index rows ``blob`` describe it, or None if they are not exactly
+    what :func:`_to_index` makes."""
+    import marshal
+
+    if type(pid) is not str or not pid or type(blob) is not bytes:
+        return None
+    try:
+        rows = marshal.loads(blob)
+    except (EOFError, ValueError, TypeError):
+        return None
+    if type(rows) is not tuple or not rows:
+        return None
+    patch = Patch(pid)
+    for row in rows:
         if type(row) is not tuple:
             return None
-        if len(row) == 2 and type(row[0]) is str and type(row[1]) is str:  # a file that could not be parsed
-            patches.setdefault(row[0], Patch(row[0])).error = row[1]
+        if len(row) == 1 and type(row[0]) is str and row is rows[-1]:  # its file could not be parsed
+            patch.error = row[0]
             continue
         if len(row) != 5:
             return None
         name, subject, fields, paths, digest = row
-        # C-speed checks (they run for every patch file at every import): join raises TypeError
-        # for anything but strings.
+        # C-speed checks: join raises TypeError for anything but strings.
         try:
             "".join(fields.values()) + "".join(paths)
         except (TypeError, AttributeError):
@@ -131,7 +159,7 @@ def _from_index(patches_dir: Path, index: tuple[str, list[Any]]) -> list[Patch] 
             and type(subject) is str
             and type(fields) is dict
             and fields.keys() <= _INDEXED
-            and "Overlay-Id" in fields
+            and fields.get("Overlay-Id") == pid
             and type(paths) is tuple
             and paths
             and all(map(str.startswith, paths, repeat("torch/")))
@@ -139,9 +167,51 @@ def _from_index(patches_dir: Path, index: tuple[str, list[Any]]) -> list[Patch] 
             and len(digest) == 32
         ):
             return None
-        variant = PatchFile.indexed(patches_dir, name, subject, fields, paths, digest.hex())
-        patch = patches.get(variant.id)
+        patch.variants.append(PatchFile.indexed(patches_dir, name, subject, fields, paths, digest.hex()))
+    return patch
+
+
+class IndexedPatches:
+    """The patches of an indexed series, each made from the index when first asked for.
+
+    A process that recalls its activation (:mod:`.activation_memo`) needs a patch's variants only
+    when a component of it is decided, or for ``status``: the others are never made. An index
+    gone or not believed since is read from the files instead (``read_series``); a patch no longer
+    in them fails.
+    """
+
+    def __init__(self, patches_dir: Path, cache: CodeCache, key: str) -> None:
+        self._dir = patches_dir
+        self._cache = cache
+        self._key = key
+        self._rows: dict[Any, Any] | None = None
+        self._read: dict[str, Patch] | None = None  # read from the files
+
+    def _index(self) -> dict[Any, Any]:
+        if self._rows is None:
+            found = self._cache.load(self._key, _is_index)
+            self._rows = found[0][1] if found is not None else {}
+        return self._rows
+
+    def ids(self) -> list[Any]:
+        """The ids the index lists, in series order (none if there is no index)."""
+        return list(self._index())
+
+    def get(self, pid: str) -> Patch:
+        """The patch ``pid`` of the series."""
+        if self._read is None:
+            patch = _patch_from_index(self._dir, pid, self._index().get(pid))
+            if patch is not None:
+                return patch
+            self._read = self._from_files()
+        patch = self._read.get(pid)
         if patch is None:
-            patch = patches[variant.id] = Patch(variant.id)
-        patch.variants.append(variant)
-    return list(patches.values()) if patches else None
+            why = f"no longer in {self._dir / 'series'} (changed since this process read it); a new process reads it again"
+            patch = Patch(pid, error=why)
+        return patch
+
+    def _from_files(self) -> dict[str, Patch]:
+        try:
+            return {p.id: p for p in read_series(self._dir, lazy=True)}
+        except SeriesError:
+            return {}
