@@ -219,3 +219,19 @@ def test_a_patch_gone_from_the_files_when_first_needed_fails_alone(series, confi
         assert importlib.import_module(other).answer() == 7  # left unpatched; the import works
     assert _state(second, "other").state == "failed"
     assert importlib.import_module(name).answer() == 42
+
+
+def test_a_memo_and_index_that_agree_on_ids_that_are_not_strings_are_ignored(series, config, overlays) -> None:
+    _, _, sandbox = series
+    cfg = config(cache_dir=sandbox.root / "cache")
+    first = _activated_once(overlays, cfg)
+    cache = first._cache
+    key = series_index.series_key(sandbox.patches)[0]
+    from torch_overlay.series.versions import torch_root, torch_version
+
+    cache.store(key, (series_index.KIND, {1: b"", 2: b"", 3: b""}))
+    memo = cache.load(activation_memo.memo_key(key, torch_version(), str(torch_root()), cfg), activation_memo._is_memo)[0]
+    cache.store(activation_memo.memo_key(key, torch_version(), str(torch_root()), cfg), (memo[0], (1, 2, 3), *memo[2:]))
+    second = overlays(cfg)
+    second.activate()  # neither is believed: the series is read from its files
+    assert _rows(second) == _rows(first)

@@ -56,11 +56,10 @@ def recall(
     found = cache.load(memo_key(series, torch_version(), str(torch_root()), config), _is_memo)
     if found is None:
         return None
-    # The memo names the patches of the index, in its order (the index's keys are unique strings
-    # once they are made into patches: IndexedPatches.get).
+    # The memo names the patches of the index, in its order (an index's keys are unique).
     patches = IndexedPatches(patches_dir, cache, series)
     ids = found[0][1]
-    if list(ids) != patches.ids():
+    if list(ids) != patches.ids() or not all(type(pid) is str for pid in ids):
         return None
     entries = [Entry(pid, source=patches.get) for pid in ids]
     settled: list[tuple[Entry, PatchState, str]] = []

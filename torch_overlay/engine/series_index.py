@@ -213,5 +213,5 @@ class IndexedPatches:
     def _from_files(self) -> dict[str, Patch]:
         try:
             return {p.id: p for p in read_series(self._dir, lazy=True)}
-        except SeriesError:
+        except (SeriesError, OSError, ValueError):  # it runs inside an import: never raise there
             return {}
