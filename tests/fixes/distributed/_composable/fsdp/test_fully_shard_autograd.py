@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch._ops import OpOverload
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.profiler import record_function
 from torch.testing._internal.common_utils import run_tests, TestCase
@@ -76,10 +77,13 @@ class TestSacIgnoreRuntimeOps(DTensorTestBase):
             nn.Linear(dim, dim), _CheckpointedBlock(dim), _CheckpointedBlock(dim)
         )
         ref_model = copy.deepcopy(model)
+        # On this test's device: fully_shard's default mesh is on the accelerator
+        # whenever there is one, also where the test runs on the CPU
+        mesh = init_device_mesh(self.device_type, (self.world_size,))
         for layer in model[1:]:
-            fully_shard(layer.block.experts)
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer.block.experts, mesh=mesh)
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         # Prefetch the next block and its experts in forward, so that the
         # experts' all-gather runs before their checkpointed region there
         model[1].set_modules_to_forward_prefetch([model[2], model[2].block.experts])
