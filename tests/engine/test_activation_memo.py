@@ -137,6 +137,10 @@ def test_a_memo_that_does_not_fit_is_not_replayed(series, config) -> None:
         (activation_memo.KIND, ids, settled, (((0,), ((), ()), (("torch/x.py", "torch.x", "/x.py"),)),)),
         (activation_memo.KIND, ids, settled, (((0,), (("torch/y.py",),), (("torch/x.py", "torch.x", "/x.py"),)),)),
         (activation_memo.KIND, ids, ((0, "upstream", 3),), grouped),
+        (activation_memo.KIND, ids, ((-1, "upstream", "x"),), grouped),  # a list takes -1 too
+        (activation_memo.KIND, ids, ((True, "upstream", "x"),), grouped),
+        (activation_memo.KIND, ids, settled, (((0,), (("torch/x.py",),), (("torch/x.py", "torch.x", 3),)),)),  # fd 3
+        (activation_memo.KIND, ids, settled, (((-1,), (("torch/x.py",),), (("torch/x.py", "torch.x", "/x.py"),)),)),
     ]
     for poison in broken:
         assert activation_memo.replay(poison, fresh, _settle) is None, poison
@@ -235,3 +239,32 @@ def test_a_memo_and_index_that_agree_on_ids_that_are_not_strings_are_ignored(ser
     second = overlays(cfg)
     second.activate()  # neither is believed: the series is read from its files
     assert _rows(second) == _rows(first)
+
+
+def test_rows_not_believed_for_one_patch_leave_the_others_to_the_index(series, config, overlays) -> None:
+    name, other, sandbox = series
+    cfg = config(cache_dir=sandbox.root / "cache")
+    first = _activated_once(overlays, cfg)
+    _spoil_index_rows(first._cache, sandbox.patches, "fix")
+    second = overlays(cfg)
+    second.activate()
+    assert importlib.import_module(name).answer() == 42  # "fix" read from the files
+    assert importlib.import_module(other).answer() == 8
+    assert _state(second, "other").state == "applied"
+    made = {e.id: e.patch.variants[0] for e in second._entries}
+    # An indexed variant knows its folder and reads its file only when needed; a parsed one has read it.
+    assert (made["fix"]._folder, made["other"]._folder) == (None, sandbox.patches)
+
+
+def test_rows_not_believed_and_a_series_edited_since_fail_the_patch(series, config, overlays) -> None:
+    """The files are read instead of the rows only while they are the series activation recalled."""
+    _, other, sandbox = series
+    cfg = config(cache_dir=sandbox.root / "cache")
+    first = _activated_once(overlays, cfg)
+    _spoil_index_rows(first._cache, sandbox.patches, "other")
+    second = overlays(cfg)
+    second.activate()
+    edited = sandbox.patches / "0003-other.patch"
+    edited.write_text(edited.read_text().replace("Test fixture.", "Edited since."))
+    with pytest.warns(OverlayWarning, match="patch other failed: .*as this process read it"):
+        assert importlib.import_module(other).answer() == 7

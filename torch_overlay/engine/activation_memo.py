@@ -94,7 +94,7 @@ def _settled_without_files(entry: Entry, config: Config) -> tuple[PatchState, st
         return PatchState.FAILED, f"malformed patch: {entry.patch.error}"
     if not config.enabled:
         return PatchState.DISABLED, "TORCH_OVERLAY=0"
-    if entry.patch.id in config.disabled_ids:
+    if entry.id in config.disabled_ids:
         return PatchState.DISABLED, "TORCH_OVERLAY_DISABLE"
     from ..series.decide import decide_by_header  # here: a remembered activation decides nothing
 
@@ -138,14 +138,19 @@ def replay(
     _, ids, settled, grouped = memo
     if list(ids) != [e.id for e in entries]:
         return None
+    def positions(found: Any) -> bool:  # entries' positions (a negative or bool index fits a list too)
+        return all(type(i) is int and 0 <= i < len(entries) for i in found)
+
     try:
+        if not positions(i for i, _, _ in settled):
+            return None
         states = [(entries[i], PatchState(state), reason) for i, state, reason in settled]
         if any(type(reason) is not str for _, _, reason in states):
             return None
         made = []
         for members, paths, files in grouped:
             targets = {path: Target(path, module) for path, module, _ in files}
-            if not (targets and all(type(p) is str and type(m) is str for p, m, _ in files)):
+            if not (targets and positions(members) and all(type(p) is str for part in files for p in part)):
                 return None
             # A torch file removed since (a reinstall of the same release) fails its patches, as
             # activation says: one stat per file of the components, not per patch.

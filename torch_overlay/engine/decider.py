@@ -74,7 +74,7 @@ def decide_component(
     signatures = {path: file_signature(file) for path, file in component.files.items()}
     texts = {path: file.read_text(encoding="utf-8") for path, file in component.files.items()}
     excluded: dict[int, str] = dict(malformed)
-    pending = [e.patch for e in component.entries if e.state == PatchState.PENDING]
+    pending = [e.patch for e in component.entries if e.state == PatchState.PENDING and id(e) not in malformed]
     tried: Tried = {}  # each reverse diff is tried once over these texts, here or by decide
     carried = carried_stack(pending, version, texts, python_only=True, tried=tried)
     while True:
@@ -97,7 +97,7 @@ def decide_component(
                 outcomes[id(entry)] = Outcome(PatchState.FAILED, excluded[id(entry)], entry.variant)
                 continue
             try:
-                decision = carried.get(entry.patch.id) or decide(entry.patch, version, current, python_only=True, tried=tried)
+                decision = carried.get(entry.id) or decide(entry.patch, version, current, python_only=True, tried=tried)
             except PatchParseError as exc:  # its hunks are parsed only now
                 outcomes[id(entry)] = Outcome(PatchState.FAILED, f"malformed patch: {exc}", None)
                 continue
@@ -123,7 +123,7 @@ def decide_component(
                         sys.modules[component.targets[p].module],
                         current[p],
                         new[p],
-                        f"{component.files[p]}[torch_overlay:{entry.patch.id}]",
+                        f"{component.files[p]}[torch_overlay:{entry.id}]",
                         cache,
                     )
                     for p in late
@@ -134,14 +134,14 @@ def decide_component(
                 outcomes[id(entry)] = Outcome(PatchState.FAILED, reason, decision.variant)
                 if ideal is None:
                     ideal = decision.texts
-                lost.setdefault(entry.patch.id, module)
+                lost.setdefault(entry.id, module)
                 continue
             plans.append((entry, swaps))
             current = decision.texts
             for path, text in new.items():
                 plan = modules.get(component.targets[path].module)
                 if plan is not None:
-                    plan.steps.append((entry.patch.id, text))
+                    plan.steps.append((entry.id, text))
                     plan.entries.append(entry)
             outcomes[id(entry)] = Outcome(PatchState.APPLIED, decision.reason, decision.variant, set(new))
         failure = _compile_and_commit(modules, plans, cache, compile_module)
@@ -199,7 +199,7 @@ def replan_swapped_module(component: Component, name: str, cache: CodeCache) -> 
     path, target = next((p, t) for p, t in component.targets.items() if t.module == name)
     file = component.files[path]
     plan = ModulePlan(target, file, file_signature(file), entries=entries)
-    plan.steps = [(e.patch.id, component.texts[path]) for e in entries[-1:]]
+    plan.steps = [(e.id, component.texts[path]) for e in entries[-1:]]
     plan.code = compile_module(cache, name, file, plan.base, plan.steps)
     component.modules[name] = plan
     return plan
@@ -217,7 +217,7 @@ def _walk(component: Component, path: str, base: str) -> list[tuple[str, str]]:
         for diff in entry.variant.files:
             if diff.path == path:
                 text = apply_file_diff(text, diff)
-        steps.append((entry.patch.id, text))
+        steps.append((entry.id, text))
     return steps
 
 

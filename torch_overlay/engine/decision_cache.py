@@ -42,7 +42,7 @@ def decision_key(component: Component, version: str) -> str:
     parts = [KIND, sys.version, version]
     for entry in component.entries:
         if entry.state == PatchState.PENDING:
-            parts.append(entry.patch.id)
+            parts.append(entry.id)
             parts += [v.digest for v in entry.patch.variants]  # from the series index: no patch is read
     for path, file in sorted(component.files.items()):
         parts.append(f"{path}={file}:{file_signature(file)}")
@@ -56,9 +56,9 @@ def remember(key: str, component: Component, outcomes: dict[int, Outcome], cache
         outcome = outcomes.get(id(entry))
         if outcome is not None:
             variant = outcome.variant.name if outcome.variant is not None else ""
-            entries.append((entry.patch.id, str(outcome.state), outcome.reason, variant, sorted(outcome.paths)))
+            entries.append((entry.id, str(outcome.state), outcome.reason, variant, sorted(outcome.paths)))
     modules = [
-        (name, plan.target.path, plan.code.key, [e.patch.id for e in plan.entries])
+        (name, plan.target.path, plan.code.key, [e.id for e in plan.entries])
         for name, plan in component.modules.items()
         if plan.code is not None
     ]
@@ -75,7 +75,7 @@ def recall(key: str, component: Component, cache: CodeCache) -> dict[int, Outcom
     if found is None:
         return None
     entries, modules = found[0]
-    by_id = {e.patch.id: e for e in component.entries}
+    by_id = {e.id: e for e in component.entries}
     try:
         outcomes: dict[int, Outcome] = {}
         for pid, state, reason, variant_name, paths in entries:

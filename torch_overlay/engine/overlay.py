@@ -312,7 +312,8 @@ class Overlay:
             return [_status_row(e) for e in self._entries]
 
     def patches(self) -> list[Patch]:
-        return [e.patch for e in self._entries]
+        with self._lock:
+            return [e.patch for e in self._entries]
 
     def module_text(self, module: str) -> str | None:
         """The source ``module`` runs (or will run) with the overlay; None until its patches are decided."""

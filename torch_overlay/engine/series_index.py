@@ -199,19 +199,24 @@ class IndexedPatches:
 
     def get(self, pid: str) -> Patch:
         """The patch ``pid`` of the series."""
+        patch = _patch_from_index(self._dir, pid, self._index().get(pid))
+        if patch is not None:
+            return patch
         if self._read is None:
-            patch = _patch_from_index(self._dir, pid, self._index().get(pid))
-            if patch is not None:
-                return patch
             self._read = self._from_files()
         patch = self._read.get(pid)
         if patch is None:
-            why = f"no longer in {self._dir / 'series'} (changed since this process read it); a new process reads it again"
+            why = f"no longer in {self._dir / 'series'} as this process read it; a new process reads it again"
             patch = Patch(pid, error=why)
         return patch
 
     def _from_files(self) -> dict[str, Patch]:
+        """The series read from its files, if they are still those of the index key (else none:
+        a patch decided now must be the one activation was recalled for)."""
         try:
-            return {p.id: p for p in read_series(self._dir, lazy=True)}
+            if series_key(self._dir)[0] != self._key:
+                return {}
+            patches = {p.id: p for p in read_series(self._dir, lazy=True)}
+            return patches if series_key(self._dir)[0] == self._key else {}
         except (SeriesError, OSError, ValueError):  # it runs inside an import: never raise there
             return {}
