@@ -198,13 +198,19 @@ def _spoil_index_rows(cache: CodeCache, patches: Path, pid: str) -> None:
     cache.store(key, (kind, {**rows, pid: b"not rows"}))
 
 
+def _recalled_with_rows_spoiled(overlays, cfg, sandbox, pid: str):
+    """(the first overlay, a second one recalled from its memo) after the index rows of ``pid`` were spoiled."""
+    first = _activated_once(overlays, cfg)
+    _spoil_index_rows(first._cache, sandbox.patches, pid)
+    second = overlays(cfg)
+    second.activate()  # the memo names the index's patches: recalled
+    return first, second
+
+
 def test_rows_not_believed_are_read_from_the_files(series, config, overlays) -> None:
     _, other, sandbox = series
     cfg = config(cache_dir=sandbox.root / "cache")
-    first = _activated_once(overlays, cfg)
-    _spoil_index_rows(first._cache, sandbox.patches, "other")
-    second = overlays(cfg)
-    second.activate()  # the memo names the index's patches: recalled
+    first, second = _recalled_with_rows_spoiled(overlays, cfg, sandbox, "other")
     assert [e.id for e in second._entries if e._patch is not None] == []
     assert importlib.import_module(other).answer() == 8
     assert (_state(second, "other").state, _state(second, "other").mode) == ("applied", "at import")
@@ -214,10 +220,7 @@ def test_rows_not_believed_are_read_from_the_files(series, config, overlays) -> 
 def test_a_patch_gone_from_the_files_when_first_needed_fails_alone(series, config, overlays) -> None:
     name, other, sandbox = series
     cfg = config(cache_dir=sandbox.root / "cache")
-    first = _activated_once(overlays, cfg)
-    _spoil_index_rows(first._cache, sandbox.patches, "other")
-    second = overlays(cfg)
-    second.activate()
+    first, second = _recalled_with_rows_spoiled(overlays, cfg, sandbox, "other")
     (sandbox.patches / "series").write_text("0001-fix.patch\n0002-later.patch\n")  # after the recall
     with pytest.warns(OverlayWarning, match="patch other failed: .*no longer in"):
         assert importlib.import_module(other).answer() == 7  # left unpatched; the import works
@@ -244,10 +247,7 @@ def test_a_memo_and_index_that_agree_on_ids_that_are_not_strings_are_ignored(ser
 def test_rows_not_believed_for_one_patch_leave_the_others_to_the_index(series, config, overlays) -> None:
     name, other, sandbox = series
     cfg = config(cache_dir=sandbox.root / "cache")
-    first = _activated_once(overlays, cfg)
-    _spoil_index_rows(first._cache, sandbox.patches, "fix")
-    second = overlays(cfg)
-    second.activate()
+    first, second = _recalled_with_rows_spoiled(overlays, cfg, sandbox, "fix")
     assert importlib.import_module(name).answer() == 42  # "fix" read from the files
     assert importlib.import_module(other).answer() == 8
     assert _state(second, "other").state == "applied"
@@ -260,10 +260,7 @@ def test_rows_not_believed_and_a_series_edited_since_fail_the_patch(series, conf
     """The files are read instead of the rows only while they are the series activation recalled."""
     _, other, sandbox = series
     cfg = config(cache_dir=sandbox.root / "cache")
-    first = _activated_once(overlays, cfg)
-    _spoil_index_rows(first._cache, sandbox.patches, "other")
-    second = overlays(cfg)
-    second.activate()
+    first, second = _recalled_with_rows_spoiled(overlays, cfg, sandbox, "other")
     edited = sandbox.patches / "0003-other.patch"
     edited.write_text(edited.read_text().replace("Test fixture.", "Edited since."))
     with pytest.warns(OverlayWarning, match="patch other failed: .*as this process read it"):
