@@ -126,25 +126,38 @@ def test_a_memo_that_does_not_fit_is_not_replayed(series, config) -> None:
     _, _, sandbox = series
     patches = read_series(sandbox.patches, lazy=True)
     entries = [Entry(p) for p in patches]
-    activation_memo.settle_and_group(entries, None, config(), CodeCache(None), _settle)
-    memo = activation_memo.record(entries, [e.component for e in entries if e.component is not None][:1])
-    fresh = [Entry(p) for p in patches]
-    assert activation_memo.replay(memo, fresh[::-1], _settle) is None  # another order of patches
-    _, ids, settled, grouped = memo
+    components = activation_memo.settle_and_group(entries, None, config(), CodeCache(None), _settle)
+    memo = activation_memo.record(entries, components)
+    by_id = {p.id: p for p in patches}
+    settled: list[tuple] = []
+    roster = activation_memo.replay(memo, by_id.__getitem__, lambda *s: settled.append(s))
+    assert roster is not None  # the control: the memo as recorded fits
+    assert [e.id for e in roster.every()] == ["fix", "later", "other"]
+    assert [(e.id, str(state)) for e, state, _ in settled] == [("later", "not needed")]
+    _, ids, settled_rows, grouped = memo
+    first, second = grouped  # ((0,), (("torch/a.py",),), files), ((2,), ...)
+    x = (("torch/x.py", "torch.x", str(sandbox.patches / "series")),)  # a file that exists
+    control = (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/x.py",),), x), second))
+    assert activation_memo.replay(control, by_id.__getitem__, lambda *s: None) is not None
     broken = [
-        (activation_memo.KIND, ids, ((0, "no such state", "x"),), grouped),
-        (activation_memo.KIND, ids, settled, (((0, 7), ((),), ()),)),  # a member out of range
-        (activation_memo.KIND, ids, settled, (((0,), ((), ()), (("torch/x.py", "torch.x", "/x.py"),)),)),
-        (activation_memo.KIND, ids, settled, (((0,), (("torch/y.py",),), (("torch/x.py", "torch.x", "/x.py"),)),)),
-        (activation_memo.KIND, ids, ((0, "upstream", 3),), grouped),
-        (activation_memo.KIND, ids, ((-1, "upstream", "x"),), grouped),  # a list takes -1 too
-        (activation_memo.KIND, ids, ((True, "upstream", "x"),), grouped),
-        (activation_memo.KIND, ids, settled, (((0,), (("torch/x.py",),), (("torch/x.py", "torch.x", 3),)),)),  # fd 3
-        (activation_memo.KIND, ids, settled, (((-1,), (("torch/x.py",),), (("torch/x.py", "torch.x", "/x.py"),)),)),
+        (activation_memo.KIND, ids, ((1, "no such state", "x"),), grouped),
+        (activation_memo.KIND, ids, settled_rows, ((((0, 7), ((),), ()),), second)),  # a member out of range
+        (activation_memo.KIND, ids, settled_rows, (((0,), ((), ()), x), second)),
+        (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/y.py",),), x), second)),  # not its files
+        (activation_memo.KIND, ids, settled_rows, (((0,), ((),), x), second)),  # a member that changes nothing
+        (activation_memo.KIND, ids, settled_rows, (((0,), ("torch/x.py",), x), second)),  # not a tuple of paths
+        (activation_memo.KIND, ids, ((1, "upstream", 3),), grouped),
+        (activation_memo.KIND, ids, ((-2, "upstream", "x"),), grouped),  # a list takes -2 too
+        (activation_memo.KIND, ids, ((True, "upstream", "x"),), grouped),  # True == 1
+        (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/x.py",),), (("torch/x.py", "torch.x", 3),)), second)),  # fd 3
+        (activation_memo.KIND, ids, settled_rows, (((-3,), (("torch/x.py",),), x), second)),
+        (activation_memo.KIND, ids, settled_rows, (first,)),  # a position in no component
+        (activation_memo.KIND, ids, settled_rows, (first, first, second)),  # one in two
+        (activation_memo.KIND, ids, ((0, "upstream", "x"),) + settled_rows, grouped),  # settled and grouped
+        (activation_memo.KIND, ("fix", 2, "other"), settled_rows, grouped),  # an id not a string
     ]
     for poison in broken:
-        assert activation_memo.replay(poison, fresh, _settle) is None, poison
-        assert all(e.state == "pending" and e.component is None for e in fresh)  # nothing touched
+        assert activation_memo.replay(poison, by_id.__getitem__, lambda *s: pytest.fail("settled")) is None, poison
 
 
 def test_a_poisoned_memo_is_ignored_and_rewritten(series, config, overlays) -> None:
@@ -183,10 +196,13 @@ def test_a_warm_activation_makes_only_the_patches_it_decides(series, config, ove
     _activated_once(overlays, cfg)
     second = overlays(cfg)
     second.activate()
-    made = lambda: [e.id for e in second._entries if e._patch is not None]  # noqa: E731
-    assert made() == []
+    entries = lambda: [e.id for e in second._roster.made()]  # noqa: E731
+    made = lambda: [e.id for e in second._roster.made() if e._patch is not None]  # noqa: E731
+    # Only the settled patch has an entry, and no patch is made.
+    assert (entries(), made()) == (["later"], [])
     assert importlib.import_module(name).answer() == 42
-    assert made() == ["fix"]  # its component was decided; "later" and "other" were not needed
+    # The component of "fix" was decided: it has an entry and its patch; "later" and "other" were not needed.
+    assert (entries(), made()) == (["fix", "later"], ["fix"])
     assert [s.id for s in second.status()] == ["fix", "later", "other"]
     assert made() == ["fix", "later", "other"]
 
@@ -211,7 +227,7 @@ def test_rows_not_believed_are_read_from_the_files(series, config, overlays) -> 
     _, other, sandbox = series
     cfg = config(cache_dir=sandbox.root / "cache")
     first, second = _recalled_with_rows_spoiled(overlays, cfg, sandbox, "other")
-    assert [e.id for e in second._entries if e._patch is not None] == []
+    assert [e.id for e in second._roster.made() if e._patch is not None] == []
     assert importlib.import_module(other).answer() == 8
     assert (_state(second, "other").state, _state(second, "other").mode) == ("applied", "at import")
     assert _rows(second)[:2] == _rows(first)[:2]
@@ -251,7 +267,7 @@ def test_rows_not_believed_for_one_patch_leave_the_others_to_the_index(series, c
     assert importlib.import_module(name).answer() == 42  # "fix" read from the files
     assert importlib.import_module(other).answer() == 8
     assert _state(second, "other").state == "applied"
-    made = {e.id: e.patch.variants[0] for e in second._entries}
+    made = {e.id: e.patch.variants[0] for e in second._roster.every()}
     # An indexed variant knows its folder and reads its file only when needed; a parsed one has read it.
     assert (made["fix"]._folder, made["other"]._folder) == (None, sandbox.patches)
 

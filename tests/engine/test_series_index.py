@@ -161,6 +161,38 @@ def test_a_series_written_just_now_is_read_not_indexed(sandbox, monkeypatch) -> 
     assert stored == []  # a rewrite within the clock's resolution would keep the signature
 
 
+@pytest.mark.parametrize(
+    "offset_s, storable",
+    [(-60, True), (-1, False), (0, False), (1, False), (3600, True)],  # a file's mtime, from now
+)
+def test_a_series_is_racy_while_a_file_was_written_within_the_clock_resolution(tmp_path, offset_s, storable) -> None:
+    (tmp_path / "a.patch").write_text("a")
+    (tmp_path / "b.patch").write_text("b")
+    _age(tmp_path)
+    when = time.time() + offset_s
+    os.utime(tmp_path / "b.patch", (when, when))
+    assert series_key(tmp_path)[1] is storable
+
+
+def test_the_series_key_changes_with_each_file_of_the_folder(tmp_path) -> None:
+    for name in ("series", "0001-a.patch", "0002-b.patch"):
+        (tmp_path / name).write_text(name)
+    _age(tmp_path)
+    keys = [series_key(tmp_path)[0]]
+    file = tmp_path / "0002-b.patch"
+    file.write_text("0002-b.patcX")  # same size
+    os.utime(file, (time.time() - 60, time.time() - 60))
+    keys.append(series_key(tmp_path)[0])
+    file.rename(tmp_path / "0002-c.patch")
+    keys.append(series_key(tmp_path)[0])
+    (tmp_path / "0003-d.patch").write_text("")
+    keys.append(series_key(tmp_path)[0])
+    (tmp_path / "0001-a.patch").unlink()
+    keys.append(series_key(tmp_path)[0])
+    assert len(set(keys)) == len(keys)
+    assert series_key(tmp_path)[0] == keys[-1]  # and only with them
+
+
 def test_a_patch_edited_after_it_was_indexed_is_not_believed(indexed) -> None:
     _, patches, cache = indexed
     read_indexed_series(patches, cache)

@@ -130,6 +130,25 @@ def test_an_import_job_says_it_on_stderr_and_keeps_logging_as_it_is():
     assert "torch_overlay" not in _python("import torch_overlay, torch", TORCH_OVERLAY="0").stderr
 
 
+def test_a_warm_import_counts_the_fixes_it_made_no_entry_for():
+    """A warm import makes no entry for the patches of modules it does not import (engine/roster.py):
+    its lines count them all the same, as ``status`` does in a process that lists them."""
+    counts = (
+        "import torch_overlay, torch\n"
+        "rows = torch_overlay.status()\n"
+        "print(len(rows), sum(r.state in ('pending', 'applied') for r in rows), sum(r.state == 'pending' for r in rows))\n"
+    )
+    _python(counts)  # the activation memo and the series index are stored
+    lines = _python("import torch_overlay, torch; print(torch_overlay._overlay._roster.unmade())")
+    assert lines.returncode == 0, lines.stderr
+    assert int(lines.stdout) > 0  # recalled: some patches have no entry in this process
+    total, active, pending = map(int, _python(counts).stdout.split())
+    (start,) = _lines(lines.stderr, START)
+    assert f" {active} fixes active (of {total}: " in start, (start, total, active)
+    (end,) = _lines(lines.stderr, END)
+    assert f"; {pending} not used (their modules were not imported)" in end, (end, pending)
+
+
 def test_the_cli_says_no_job_lines():
     proc = subprocess.run(
         [sys.executable, "-m", "torch_overlay", "status", "--json"],

@@ -17,11 +17,13 @@ order, is ignored and activation runs again (and stores a new one).
 from __future__ import annotations
 
 import os
+from itertools import chain
 from typing import Any, TYPE_CHECKING
 
 from .._state import PatchState, Target
 from ..series.versions import torch_root, torch_version
 from .components import Component, Entry, group_components
+from .roster import Roster
 from .series_index import IndexedPatches, series_key
 
 if TYPE_CHECKING:
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from .._config import Config
+    from ..series.series import Patch
     from .codecache import CodeCache
 
 __all__ = ["memo_key", "recall", "record", "replay", "settle_and_group"]
@@ -38,33 +41,35 @@ KIND = "activation memo 2"
 
 
 def recall(
-    patches_dir: Path, config: Config, cache: CodeCache
-) -> tuple[list[Entry], list[Component], list[tuple[Entry, PatchState, str]]] | None:
-    """The entries and components of the series as the memo for this torch remembers them, and
-    the state of each patch it settled; None when there is no memo that fits.
+    patches_dir: Path, config: Config, cache: CodeCache, key: str | None = None
+) -> tuple[Roster, list[tuple[Entry, PatchState, str]]] | None:
+    """The series' entries and components as the memo for this torch remembers them, and the
+    state of each patch it settled; None when there is no memo that fits. ``key``: the series
+    folder's index key, if the caller has it.
 
-    No patch is made: each entry makes its own from the series index when it is first used
+    No patch is made, and no entry for a member of a component until it is used (:mod:`.roster`):
+    an entry makes its patch from the series index when it is first used
     (:class:`~.series_index.IndexedPatches`), so a warm import costs little more per patch file
     than its ``stat``.
     """
     if not cache.usable:
         return None
-    try:
-        series, _ = series_key(patches_dir)
-    except OSError:
-        return None
-    found = cache.load(memo_key(series, torch_version(), str(torch_root()), config), _is_memo)
+    if key is None:
+        try:
+            key = series_key(patches_dir)[0]
+        except OSError:
+            return None
+    found = cache.load(memo_key(key, torch_version(), str(torch_root()), config), _is_memo)
     if found is None:
         return None
     # The memo names the patches of the index, in its order (an index's keys are unique).
-    patches = IndexedPatches(patches_dir, cache, series)
+    patches = IndexedPatches(patches_dir, cache, key)
     ids = found[0][1]
-    if list(ids) != patches.ids() or not all(type(pid) is str for pid in ids):
+    if list(ids) != patches.ids() or not set(map(type, ids)) <= {str}:
         return None
-    entries = [Entry(pid, source=patches.get) for pid in ids]
     settled: list[tuple[Entry, PatchState, str]] = []
-    components = replay(found[0], entries, lambda *s: settled.append(s))
-    return None if components is None else (entries, components, settled)
+    roster = replay(found[0], patches.get, lambda *s: settled.append(s))
+    return None if roster is None else (roster, settled)
 
 
 def settle_and_group(
@@ -131,47 +136,74 @@ def _is_memo(value: Any) -> bool:
 
 
 def replay(
-    memo: tuple[Any, ...], entries: list[Entry], settle: Callable[[Entry, PatchState, str], None]
-) -> list[Component] | None:
-    """The components ``memo`` describes for ``entries`` (each settled patch given its state by
-    ``settle``), or None, touching nothing, when the memo does not fit them."""
-    _, ids, settled, grouped = memo
-    if list(ids) != [e.id for e in entries]:
-        return None
-    def positions(found: Any) -> bool:  # entries' positions (a negative or bool index fits a list too)
-        return all(type(i) is int and 0 <= i < len(entries) for i in found)
+    memo: tuple[Any, ...], source: Callable[[str], Patch], settle: Callable[[Entry, PatchState, str], None]
+) -> Roster | None:
+    """The entries and components ``memo`` describes (each settled patch given its state by
+    ``settle``; each entry makes its patch with ``source``), or None, touching nothing, when the
+    memo is not exactly what :func:`record` makes.
 
+    The members of a component are made when it is first used: here they are only checked, at C
+    speed (a warm import pays little per patch whose modules it never imports).
+    """
+    _, ids, settled, grouped = memo
     try:
-        if not positions(i for i, _, _ in settled):
+        if not set(map(type, ids)) <= {str}:
             return None
-        states = [(entries[i], PatchState(state), reason) for i, state, reason in settled]
+        # Every position is settled or in exactly one component (a bool or negative one is not a position).
+        positions = [i for i, _, _ in settled]
+        positions += chain.from_iterable([members for members, _, _ in grouped])
+        if set(map(type, positions)) - {int} or sorted(positions) != list(range(len(ids))):
+            return None
+        states = [(i, PatchState(state), reason) for i, state, reason in settled]
         if any(type(reason) is not str for _, _, reason in states):
             return None
-        made = []
+        slots: list[Entry | None] = [None] * len(ids)
+        components = []
         for members, paths, files in grouped:
             targets = {path: Target(path, module) for path, module, _ in files}
-            if not (targets and positions(members) and all(type(p) is str for part in files for p in part)):
+            if not (targets and all(type(p) is str for part in files for p in part)):
+                return None
+            # Each member changes some of the component's files (C-speed checks: one per member).
+            if not (len(paths) == len(members) and set(map(type, paths)) == {tuple} and all(paths)):
+                return None
+            if not set(chain.from_iterable(paths)) <= targets.keys():
                 return None
             # A torch file removed since (a reinstall of the same release) fails its patches, as
             # activation says: one stat per file of the components, not per patch.
             if not all(map(os.path.isfile, [file for _, _, file in files])):
                 return None
-            chosen = [entries[i] for i in members]
-            if len(paths) != len(chosen):
-                return None
-            # Most members of a component change the same files: their targets and reason are shared.
-            seen: dict[tuple[str, ...], tuple[list[Target], str]] = {}
-            for own in paths:
-                if own not in seen:
-                    listed = [targets[p] for p in own]
-                    seen[own] = listed, "waiting for import of " + ", ".join([t.module for t in listed])
-            component = Component(chosen, {path: file for path, _, file in files}, targets)
-            made.append((component, [seen[own] for own in paths]))
+            make = _members(ids, slots, source, members, paths, targets)
+            components.append(Component(make, {path: file for path, _, file in files}, targets))
     except (TypeError, ValueError, IndexError, KeyError):
         return None
-    for entry, state, reason in states:
+    for i, state, reason in states:
+        slots[i] = entry = Entry(ids[i], source=source)
         settle(entry, state, reason)
-    for component, own_targets in made:
-        for entry, (listed, reason) in zip(component.entries, own_targets):
-            entry.component, entry.targets, entry.reason = component, listed, reason
-    return [component for component, _ in made]
+    return Roster(list(ids), slots, components)
+
+
+def _members(
+    ids: tuple[str, ...],
+    slots: list[Entry | None],
+    source: Callable[[str], Patch],
+    members: tuple[int, ...],
+    paths: tuple[tuple[str, ...], ...],
+    targets: dict[str, Target],
+) -> Callable[[Component], list[Entry]]:
+    """What makes the entries of a recalled component's ``members`` (and puts them in ``slots``)."""
+
+    def make(component: Component) -> list[Entry]:
+        # Most members of a component change the same files: their targets and reason are shared.
+        seen: dict[tuple[str, ...], tuple[list[Target], str]] = {}
+        made = []
+        for i, own in zip(members, paths):
+            if own not in seen:
+                listed = [targets[p] for p in own]
+                seen[own] = listed, "waiting for import of " + ", ".join([t.module for t in listed])
+            slots[i] = entry = Entry(ids[i], source=source)
+            entry.component = component
+            entry.targets, entry.reason = seen[own]
+            made.append(entry)
+        return made
+
+    return make

@@ -130,11 +130,12 @@ class Component:
 
     def __init__(
         self,
-        entries: list[Entry],
+        entries: list[Entry] | Callable[[Component], list[Entry]],  # or what makes them when first used
         files: dict[str, Path] | dict[str, str],  # torch-relative path -> file
         targets: dict[str, Target],  # path -> target
     ) -> None:
-        self.entries = entries
+        # A recalled component makes its members only when it is first used (engine/roster.py).
+        self._entries, self._make = (None, entries) if callable(entries) else (entries, None)
         self._files = files
         self._paths: dict[str, Path] | None = None
         self.targets = targets
@@ -146,7 +147,16 @@ class Component:
         self.remembered = False
 
     def __repr__(self) -> str:
-        return f"Component({[e.id for e in self.entries]}, decided={self.decided})"
+        members = [e.id for e in self._entries] if self._entries is not None else "not made"
+        return f"Component({members}, decided={self.decided})"
+
+    @property
+    def entries(self) -> list[Entry]:
+        """The members, in series order (made now if the component was recalled and not yet used)."""
+        if self._entries is None:
+            assert self._make is not None
+            self._entries, self._make = self._make(self), None
+        return self._entries
 
     @property
     def files(self) -> dict[str, Path]:

@@ -36,15 +36,19 @@ def summary_line(entries: list[Entry], version: str) -> str:
     return f"torch_overlay on torch {version}: " + "; ".join(f"{state}: {', '.join(ids)}" for state, ids in counts.items())
 
 
-def job_start_line(entries: list[Entry], version: str) -> str:
-    """``torch_overlay: torch 2.13.0, 28 fixes active (7 not needed here); ...``."""
+def job_start_line(entries: list[Entry], version: str, unmade: int = 0) -> str:
+    """``torch_overlay: torch 2.13.0, 28 fixes active (7 not needed here); ...``.
+
+    ``unmade``: patches of the series beside ``entries`` that have no entry yet (engine/roster.py),
+    each pending.
+    """
     active = [e for e in entries if e.state in (PatchState.PENDING, PatchState.APPLIED)]
     lost = _lost(entries)
     counted = {id(e) for e in active} | {id(e) for e in lost}  # by identity: linear in the series
     rest = Counter(str(e.state) for e in entries if id(e) not in counted)
     line = (
-        f"torch_overlay: torch {version}, {len(active)} fixes active"
-        + (f" (of {len(entries)}: {', '.join(f'{n} {state}' for state, n in rest.items())})" if rest else "")
+        f"torch_overlay: torch {version}, {len(active) + unmade} fixes active"
+        + (f" (of {len(entries) + unmade}: {', '.join(f'{n} {state}' for state, n in rest.items())})" if rest else "")
         + "; each applies when torch imports its module"
     )
     if lost:
@@ -55,10 +59,11 @@ def job_start_line(entries: list[Entry], version: str) -> str:
     return line + ". `python -m torch_overlay status` says more; TORCH_OVERLAY_QUIET=1 hides this."
 
 
-def job_end_line(entries: list[Entry], rank: str) -> str:
-    """``torch_overlay: 12 fixes applied in this process: ...; 16 not used ...``."""
+def job_end_line(entries: list[Entry], rank: str, unmade: int = 0) -> str:
+    """``torch_overlay: 12 fixes applied in this process: ...; 16 not used ...`` (``unmade``: as
+    for :func:`job_start_line`)."""
     applied = [e.id for e in entries if e.state == PatchState.APPLIED]
-    unused = [e for e in entries if e.state == PatchState.PENDING]
+    unused = len([e for e in entries if e.state == PatchState.PENDING]) + unmade
     lost = _lost(entries)
     lost_ids = {id(e) for e in lost}
     broken = [e.id for e in entries if e.state in (PatchState.DRIFT, PatchState.FAILED) and id(e) not in lost_ids]
@@ -66,7 +71,7 @@ def job_end_line(entries: list[Entry], rank: str) -> str:
     head = f"{len(applied)} fix{'' if len(applied) == 1 else 'es'} applied in {who}"
     parts = [head + (f": {', '.join(applied)}" if applied else "")]
     if unused:
-        parts.append(f"{len(unused)} not used (their modules were not imported)")
+        parts.append(f"{unused} not used (their modules were not imported)")
     if lost:
         modules, ids = ", ".join(_late_modules(lost)), ", ".join(e.id for e in lost)
         parts.append(f"{len(lost)} lost: imported too late ({modules}): {ids}")

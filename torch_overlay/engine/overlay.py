@@ -28,8 +28,9 @@ from .activation_memo import recall, settle_and_group
 from .components import Component, Entry
 from .import_failures import FailedImports
 from .importhook import ImportHook
-from .series_index import indexed_series_and_key
+from .series_index import folder_key, indexed_series_and_key
 from .job_lines import job_end_line, job_start_line, LATE, summary_line
+from .roster import Roster
 from .voice import claim_exit_line, says, tell, warn
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class Overlay:
         self._environ: MutableMapping[str, str] | None = os.environ if config is None else None
         self.config = config or load_config()
         self._lock = threading.RLock()
-        self._entries: list[Entry] = []
+        self._roster = Roster([], [], [])
         self._by_module: dict[str, Component] = {}
         self._hook = ImportHook(self._provide, self._fallback)
         self._salt_writer: CompileCacheSalt | None = None
@@ -92,33 +93,37 @@ class Overlay:
                 return
             self._activated = True
             key, patches, recalled = None, [], None
+            folder, cache = self.config.patches_dir, self._cache
             try:
-                recalled = recall(self.config.patches_dir, self.config, self._cache)
+                # The folder's index key, once: a cold activation reads the series under it too.
+                known = folder_key(folder) if cache.usable else None
+                recalled = recall(folder, self.config, cache, known[0]) if known else None
                 if recalled is None:
-                    patches, key = indexed_series_and_key(self.config.patches_dir, self._cache)
+                    patches, key = indexed_series_and_key(folder, cache, known)
             except SeriesError as exc:
                 self.report_problem(str(exc))
             for problem in self.config.problems:
                 self.report_problem(problem)
-            self._entries = recalled[0] if recalled else [Entry(p) for p in patches]
-            known = {e.id for e in self._entries}
-            unknown = unknown_ids_problem(self.config.disabled_ids, known)
-            if unknown and self._entries:
+            ids = recalled[0].ids if recalled else [p.id for p in patches]
+            unknown = unknown_ids_problem(self.config.disabled_ids, set(ids))
+            if unknown and ids:
                 self.report_problem(unknown)
             if recalled:
-                _, components, settled = recalled
+                self._roster, settled = recalled
                 for entry, state, reason in settled:
                     self._set(entry, state, reason)
             else:
-                components = settle_and_group(self._entries, key, self.config, self._cache, self._set)
-            for component in components:
+                entries = [Entry(p) for p in patches]
+                components = settle_and_group(entries, key, self.config, self._cache, self._set)
+                self._roster = Roster.of(entries, components)
+            for component in self._roster.components:
                 for target in component.targets.values():
                     self._by_module[target.module] = component
             self._watch()
             for component in {id(c): c for c in self._by_module.values()}.values():
                 if any(t.module in sys.modules for t in component.targets.values()):
                     self._decide(component, importing=None)
-            self._raise_if_strict(self._entries)
+            self._raise_if_strict(self._roster.made())
             self._maybe_log_summary()
             if self.job_lines and self._environ is not None and claim_exit_line(self._environ):
                 import atexit
@@ -246,7 +251,7 @@ class Overlay:
 
             if touches_dtensor(modules):
                 clear_dtensor_caches()
-            live = [e for e in self._entries if e.live and e.variant is not None]
+            live = [e for e in self._roster.made() if e.live and e.variant is not None]
             self._salt.set(",".join(f"torch_overlay:{e.id}@{e.variant.digest[:12]}" for e in live))
         except Exception as exc:  # noqa: BLE001 - runs inside an import: never break it
             if self.config.strict:
@@ -257,10 +262,9 @@ class Overlay:
     def revert(self) -> list[str]:
         """Undo what can be undone in this process; return what needs a new process, one line each."""
         with self._lock:
-            components = {id(e.component): e.component for e in self._entries if e.component is not None}
             from .revert import revert_components
 
-            touched, needs_restart = revert_components(components.values())
+            touched, needs_restart = revert_components(self._roster.components)
             self._hook.watch({n for n, c in self._by_module.items() if not c.reverted})
             self._after_change(touched)
         for line in needs_restart:
@@ -282,11 +286,12 @@ class Overlay:
             log.debug("patch %s: %s (%s)", entry.id, state, reason)
 
     def _maybe_log_summary(self) -> None:
-        if self._summary_logged or any(e.state == PatchState.PENDING for e in self._entries):
+        roster = self._roster
+        if self._summary_logged or roster.unmade() or any(e.state == PatchState.PENDING for e in roster.made()):
             return
         self._summary_logged = True
         if os.environ.get("RANK", "0") == "0":
-            log.info("%s", summary_line(self._entries, torch_version()))
+            log.info("%s", summary_line(roster.made(), torch_version()))
 
     # ------------------------------------------------------------ job lines
     def _job_start(self) -> None:
@@ -295,7 +300,7 @@ class Overlay:
             return
         self._started = True
         with self._lock:
-            line = job_start_line(self._entries, torch_version())
+            line = job_start_line(self._roster.made(), torch_version(), unmade=self._roster.unmade())
         if says(line, self._environ):
             tell(line)
 
@@ -304,16 +309,16 @@ class Overlay:
         if not (self._started and self.job_lines and self._says_exit_line) or _AGENT_MODULE in sys.modules:
             return
         with self._lock:
-            line = job_end_line(self._entries, os.environ.get("RANK", "").strip())
+            line = job_end_line(self._roster.made(), os.environ.get("RANK", "").strip(), unmade=self._roster.unmade())
         tell(line)
 
     def status(self) -> list[PatchStatus]:
         with self._lock:
-            return [_status_row(e) for e in self._entries]
+            return [_status_row(e) for e in self._roster.every()]
 
     def patches(self) -> list[Patch]:
         with self._lock:
-            return [e.patch for e in self._entries]
+            return [e.patch for e in self._roster.every()]
 
     def module_text(self, module: str) -> str | None:
         """The source ``module`` runs (or will run) with the overlay; None until its patches are decided."""
@@ -332,14 +337,14 @@ class Overlay:
         with self._lock:
             from . import originals
 
-            return originals.is_patched(obj, self._entries, self._by_module)
+            return originals.is_patched(obj, self._roster.made(), self._by_module)
 
     def get_original(self, obj: Any) -> Any:
         """The function as torch ships it: ``obj`` itself when no patch changed it."""
         with self._lock:
             from . import originals
 
-            return originals.get_original(obj, self._entries, self._by_module)
+            return originals.get_original(obj, self._roster.made(), self._by_module)
 
 
 def _mode(entry: Entry) -> str:

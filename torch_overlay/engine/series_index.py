@@ -31,7 +31,7 @@ from ..series.series import Patch, read_series, SeriesError
 if TYPE_CHECKING:
     from .codecache import CodeCache
 
-__all__ = ["IndexedPatches", "indexed_series_and_key", "read_indexed_series", "series_key"]
+__all__ = ["folder_key", "IndexedPatches", "indexed_series_and_key", "read_indexed_series", "series_key"]
 
 # Bump when what the index holds, or how a patch file is parsed, changes shape.
 KIND = "series index 5"
@@ -47,19 +47,31 @@ def series_key(patches_dir: Path) -> tuple[str, bool]:
     (no entry was changed within the last ``RACY_NS``). Raises ``OSError`` for no such folder."""
     import hashlib
     import marshal
+    from bisect import bisect_right
+    from operator import attrgetter
 
     now = time.time_ns()
-    with os.scandir(patches_dir) as entries:
-        # Tuples of ints, digested at C speed: formatting them costs more per file than the stat.
-        listing = [
-            (e.name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns) for e in entries for st in (e.stat(),)
-        ]
-    listing.sort()
-    # A write sets the mtime to the clock's now, so the mtimes alone say whether it is racy.
-    racy = any(abs(now - row[2]) < RACY_NS for row in listing)
-    digest = hashlib.sha256(marshal.dumps(listing)).hexdigest()
-    parts = [KIND, __version__, ",".join(KNOWN_FIELDS + MULTI_FIELDS), os.path.abspath(patches_dir), digest]
+    folder = os.path.abspath(patches_dir)
+    names = sorted(os.listdir(folder))
+    # At C speed, no bytecode per file: this runs at every import, for every file of the series.
+    stats = map(os.stat, map((folder + os.sep).__add__, names))
+    signatures = list(map(attrgetter("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns"), stats))
+    # A write sets the mtime to the clock's now, so the mtimes alone say whether it is racy:
+    # whether one lies within RACY_NS of now, either side.
+    mtimes = sorted([mtime for _, mtime, _, _ in signatures])
+    later = bisect_right(mtimes, now - RACY_NS)
+    racy = later < len(mtimes) and mtimes[later] < now + RACY_NS
+    digest = hashlib.sha256(marshal.dumps((names, signatures))).hexdigest()
+    parts = [KIND, __version__, ",".join(KNOWN_FIELDS + MULTI_FIELDS), folder, digest]
     return "\0".join(parts), not racy
+
+
+def folder_key(patches_dir: Path) -> tuple[str, bool] | None:
+    """:func:`series_key`, or None where the folder cannot be listed (reading the series says why)."""
+    try:
+        return series_key(patches_dir)
+    except OSError:
+        return None
 
 
 def read_indexed_series(patches_dir: Path, cache: CodeCache) -> list[Patch]:
@@ -68,15 +80,18 @@ def read_indexed_series(patches_dir: Path, cache: CodeCache) -> list[Patch]:
     return indexed_series_and_key(patches_dir, cache)[0]
 
 
-def indexed_series_and_key(patches_dir: Path, cache: CodeCache) -> tuple[list[Patch], str | None]:
+def indexed_series_and_key(
+    patches_dir: Path, cache: CodeCache, known: tuple[str, bool] | None = None
+) -> tuple[list[Patch], str | None]:
     """:func:`read_indexed_series`, and the index key when the series is indexed under it (what
-    is derived from the series alone may be cached under that key: :mod:`.activation_memo`)."""
+    is derived from the series alone may be cached under that key: :mod:`.activation_memo`).
+    ``known``: the folder's :func:`series_key`, if the caller has it."""
     if not cache.usable:
         return read_series(patches_dir, lazy=True), None
-    try:
-        key, storable = series_key(patches_dir)
-    except OSError:
+    found_key = known or folder_key(patches_dir)
+    if found_key is None:
         return read_series(patches_dir, lazy=True), None  # says what is wrong with the folder
+    key, storable = found_key
     found = cache.load(key, _is_index)
     if found is not None:
         patches = _from_index(patches_dir, found[0])
