@@ -272,6 +272,23 @@ def test_rows_not_believed_for_one_patch_leave_the_others_to_the_index(series, c
     assert (made["fix"]._folder, made["other"]._folder) == (None, sandbox.patches)
 
 
+def test_an_index_that_does_not_name_the_memos_patches_in_order_is_not_believed(series, config, overlays) -> None:
+    name, other, sandbox = series
+    cfg = config(cache_dir=sandbox.root / "cache")
+    first = _activated_once(overlays, cfg)
+    key = series_index.series_key(sandbox.patches)[0]
+    kind, rows = first._cache.load(key, series_index._is_index)[0]
+    first._cache.store(key, (kind, dict(reversed(rows.items()))))  # rows as made, another order
+    second = overlays(cfg)
+    second.activate()  # the memo is recalled; the index is not read yet
+    assert importlib.import_module(name).answer() == 42
+    assert importlib.import_module(other).answer() == 8
+    made = {e.id: e.patch.variants[0] for e in second._roster.every()}
+    # Every patch was read from its file (a parsed variant has no folder of an index).
+    assert {pid: v._folder for pid, v in made.items()} == {"fix": None, "later": None, "other": None}
+    assert [s.state for s in second.status()] == ["applied", "not needed", "applied"]
+
+
 def test_rows_not_believed_and_a_series_edited_since_fail_the_patch(series, config, overlays) -> None:
     """The files are read instead of the rows only while they are the series activation recalled."""
     _, other, sandbox = series

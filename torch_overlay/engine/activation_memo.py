@@ -7,11 +7,12 @@ torch release and where it is installed, and the switches that turn patches off;
 per patch file than anything else a warm import did. The result is kept in the code cache under
 a key made of exactly those, as plain tuples, and a later process recalls it: no version is
 parsed, no torch file is looked up until a component is decided (which ``stat``s its files), and
-no patch is made until it is used (a warm import costs little more per patch file than its
-``stat``, whatever the length of the series).
+no patch, nor the entry of a component's member, is made until it is used (:mod:`.roster`): a
+warm import costs little more per patch file than its ``stat``, whatever the length of the series.
 
-A memo that is not exactly the expected shape, or that does not name the index's patches in
-order, is ignored and activation runs again (and stores a new one).
+A memo that is not exactly the expected shape is ignored and activation runs again (and stores a
+new one). The series index is read when a patch is first made, and believed only if it names the
+memo's patches in order; otherwise the patches are read from the files.
 """
 
 from __future__ import annotations
@@ -62,11 +63,9 @@ def recall(
     found = cache.load(memo_key(key, torch_version(), str(torch_root()), config), _is_memo)
     if found is None:
         return None
-    # The memo names the patches of the index, in its order (an index's keys are unique).
-    patches = IndexedPatches(patches_dir, cache, key)
-    ids = found[0][1]
-    if list(ids) != patches.ids() or not set(map(type, ids)) <= {str}:
-        return None
+    # The index is read when a patch is first made, and believed only if it names the memo's
+    # patches in order: a warm import that makes none does not read it.
+    patches = IndexedPatches(patches_dir, cache, key, list(found[0][1]))
     settled: list[tuple[Entry, PatchState, str]] = []
     roster = replay(found[0], patches.get, lambda *s: settled.append(s))
     return None if roster is None else (roster, settled)
