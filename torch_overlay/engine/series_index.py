@@ -61,8 +61,7 @@ def series_key(patches_dir: Path) -> tuple[str, bool]:
     mtimes = sorted([mtime for _, mtime, _, _ in signatures])
     later = bisect_right(mtimes, now - RACY_NS)
     racy = later < len(mtimes) and mtimes[later] < now + RACY_NS
-    # blake2b: half sha256's cost per byte in software, and this digest runs at every import.
-    digest = hashlib.blake2b(marshal.dumps((names, signatures)), digest_size=20).hexdigest()
+    digest = hashlib.sha256(marshal.dumps((names, signatures))).hexdigest()
     parts = [KIND, __version__, ",".join(KNOWN_FIELDS + MULTI_FIELDS), folder, digest]
     return "\0".join(parts), not racy
 
