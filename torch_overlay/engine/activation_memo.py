@@ -25,7 +25,7 @@ from .._state import PatchState, Target
 from ..series.versions import torch_root, torch_version
 from .components import Component, Entry, group_components
 from .roster import Roster
-from .series_index import IndexedPatches, series_key
+from .series_index import IndexedPatches
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -42,11 +42,11 @@ KIND = "activation memo 2"
 
 
 def recall(
-    patches_dir: Path, config: Config, cache: CodeCache, key: str | None = None
+    patches_dir: Path, config: Config, cache: CodeCache, key: str
 ) -> tuple[Roster, list[tuple[Entry, PatchState, str]]] | None:
     """The series' entries and components as the memo for this torch remembers them, and the
     state of each patch it settled; None when there is no memo that fits. ``key``: the series
-    folder's index key, if the caller has it.
+    folder's index key (:func:`~.series_index.series_key`).
 
     No patch is made, and no entry for a member of a component until it is used (:mod:`.roster`):
     an entry makes its patch from the series index when it is first used
@@ -55,11 +55,6 @@ def recall(
     """
     if not cache.usable:
         return None
-    if key is None:
-        try:
-            key = series_key(patches_dir)[0]
-        except OSError:
-            return None
     found = cache.load(memo_key(key, torch_version(), str(torch_root()), config), _is_memo)
     if found is None:
         return None
