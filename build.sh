@@ -16,10 +16,13 @@ Usage: ./build.sh VERB [ARGS]
   demo                 the status table, then the smallest reproducer of each fix this torch
                        needs, without and with the overlay (about a minute once torch is installed);
                        its last line counts them: "28/28 fixed (...)"
-  test [PYTEST ARGS]   run the whole test suite (TORCH_VERSION=2.11.0 ./build.sh test for another torch)
+  test [PYTEST ARGS]   the linters (as `lint`), then the whole test suite (TORCH_VERSION=2.11.0 ./build.sh test
+                       for another torch); with test paths in PYTEST ARGS, only those tests
                        TORCH_OVERLAY_TEST_LEG=light ./build.sh test: CI's light leg, what can differ
                        between torches (each fix's Quick-Test/Error-Test, the engine, status and explain,
                        one launcher job), in a few minutes; its summary says why the rest is skipped
+  lint                 ruff (lint and format check) and mypy, as configured in pyproject.toml, from a
+                       private venv of pinned versions ($TORCH_OVERLAY_VENVS/lint; no torch needed)
   bench [--smoke]      import-time and fix benchmarks (--smoke: each runs tiny, in seconds: that they run)
   status [--json]      python -m torch_overlay status
   verify [IDS] [--quick] [-j N]
@@ -132,9 +135,32 @@ test_paths_given() {
   return 1
 }
 
+LINTERS=(ruff==0.17.5 mypy==2.4.1)
+
+cmd_lint() {
+  local dir="$VENV_ROOT/lint" rc=0
+  if ! "$dir/bin/python" -m pip freeze 2>/dev/null | grep -qx "${LINTERS[0]}" ||
+    ! "$dir/bin/python" -m pip freeze 2>/dev/null | grep -qx "${LINTERS[1]}"; then
+    echo "== installing ${LINTERS[*]} into a private venv, $dir" >&2
+    "$BASE_PYTHON" -m venv --clear "$dir" >&2
+    "$dir/bin/python" -m pip install -q "${LINTERS[@]}" >&2
+  fi
+  cd "$ROOT"
+  echo "== ruff check, ruff format --check, mypy (pyproject.toml)"
+  "$dir/bin/ruff" check torch_overlay tests benchmarks || rc=1
+  "$dir/bin/ruff" format --check torch_overlay tests benchmarks || rc=1
+  "$dir/bin/mypy" || rc=1
+  [ $rc -eq 0 ] || echo "error: the linters failed (\`./build.sh lint\`; \`ruff check --fix\` and \`ruff format\` fix most)" >&2
+  return $rc
+}
+
 cmd_test() {
   local py
   py="$(python_for_version)"
+  # The whole suite starts with the linters, so that CI fails on them too.
+  if ! test_paths_given "$@"; then
+    cmd_lint || return 1
+  fi
   echo "== torch_overlay test suite on torch $TORCH_VERSION ($py)"
   cd "$ROOT"
   local cache rc=0
@@ -213,6 +239,7 @@ case "$verb" in
   demo) cmd_demo "$@" ;;
   test) cmd_test "$@" ;;
   bench) cmd_bench "$@" ;;
+  lint) cmd_lint ;;
   matrix) cmd_matrix "$@" ;;
   status) run_py -m torch_overlay status "$@" ;;
   verify) run_py -m torch_overlay verify "$@" ;;

@@ -21,6 +21,7 @@ FIX = "dtensor-is-any-true-strategy"  # needed on every supported torch, with a 
 # Verbs run through build.sh elsewhere in the suite, and where.
 ELSEWHERE = {
     "test": ".ci/run (this suite is `./build.sh test`)",
+    "lint": ".ci/run (`./build.sh test` starts with it)",
     "bench": "tests/tools/test_bench.py (bench --smoke)",
     "apply": "tests/tools/test_apply.py::test_build_sh_dispatches_apply (apply --check)",
     "python": "tests/tools/test_build_sh_venvs.py",
