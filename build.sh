@@ -37,7 +37,7 @@ Usage: ./build.sh VERB [ARGS]
   (apply, wheel and stage take --patches DIR to use another series)
   matrix [--out FILE] [--ids ID,...] [--captured DIR] [VERSIONS]
                        verify --quick on each supported torch (2.11.0 2.12.1 2.13.0 2.14.1 2.15.0),
-                       one after another in their private venvs; writes docs/matrix.md (or FILE) and fails
+                       one after another in their private venvs; writes docs/measurements/matrix.md (or FILE) and fails
                        when a measured cell contradicts a patch's Affects/Introduced/Applied-Upstream
                        (--ids: verify only those fixes; the others read "not run"); also stores
                        what each reproducer raises without the overlay in patches/captured/<release>.json
@@ -186,7 +186,7 @@ cmd_demo() {
 SUPPORTED_VERSIONS=(2.11.0 2.12.1 2.13.0 2.14.1 2.15.0)
 
 cmd_matrix() {
-  local out="$ROOT/docs/matrix.md" captured="$ROOT/patches/captured"
+  local out="$ROOT/docs/measurements/matrix.md" captured="$ROOT/patches/captured"
   local ids=()
   while [ $# -gt 0 ]; do
     case "$1" in

@@ -3,7 +3,7 @@
 The tests run here on every supported torch, while upstream only has the newest one. Where a test
 must differ between releases it says so only through these three names, imported with
 ``from tests.fixes._torch_gates import ...``; ``build.sh stage`` drops that import and resolves
-every use as the newest torch would (docs/patch-format.md, "Torch-version gates"):
+every use as the newest torch would (docs/reference/patch-format.md, "Torch-version gates"):
 
 - ``before("2.12")``: true on torch older than 2.12. Allowed only as the test of an ``if``
   (alone or as an operand of ``and``/``or``/``not``) that it decides on its own; staged, the

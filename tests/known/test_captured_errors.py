@@ -76,7 +76,7 @@ def check_named(pid: str, text: str, release: str) -> None:
     assert not others, f"{pid}'s error on torch {release} is also explained as {others}:\n{text[-3000:]}"
     assert pid in known | possibly, (
         f"no Error: line of {pid} matches what its reproducer raises on torch {release}: add one "
-        f"(docs/patch-format.md, 'Error signatures'):\n{text[-3000:]}"
+        f"(docs/reference/patch-format.md, 'Error signatures'):\n{text[-3000:]}"
     )
 
 

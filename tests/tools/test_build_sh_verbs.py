@@ -67,7 +67,7 @@ def test_demo_of_one_fix_runs_status_and_verify():
 @one_leg
 def test_matrix_of_the_installed_torch(tmp_path):
     """The matrix of this torch alone, one fix verified (verify --quick), written elsewhere than
-    docs/matrix.md; it fails when a cell contradicts a patch's Affects/Introduced/Applied-Upstream."""
+    docs/measurements/matrix.md; it fails when a cell contradicts a patch's Affects/Introduced/Applied-Upstream."""
     out = tmp_path / "matrix.md"
     release = torch.__version__.split("+")[0]
     captured = tmp_path / "captured"

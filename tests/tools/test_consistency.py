@@ -71,7 +71,7 @@ def test_runtime_source_equals_applied_checkout(release, checkout, build_cli):
         written = plan.after[path] if plan.drifted else (src / path).read_text()
         assert written == text, f"{path}: apply and the runtime overlay disagree on torch {release}"
     # The runtime reads only the files of patches its fields leave open; each Python file apply
-    # changes (C++ hunks only a source build takes: docs/patch-format.md).
+    # changes (C++ hunks only a source build takes: docs/reference/patch-format.md).
     changed = {p for step in plan.applying for p in step.paths if p.endswith(".py")}
     assert changed <= set(runtime["texts"]) <= set(plan.before)
 

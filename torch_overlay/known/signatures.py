@@ -3,7 +3,7 @@
 ``Error: <fragment>`` (literal; whitespace runs match any whitespace), ``Error: re:<regex>`` (also
 searched in the text with its whitespace runs made single spaces), each
 optionally followed by `` | frame=<text>`` (a traceback frame's file or function contains it) and
-`` | type=<Name>`` (the exception's type name). See docs/patch-format.md, "Error signatures".
+`` | type=<Name>`` (the exception's type name). See docs/reference/patch-format.md, "Error signatures".
 
 A match is *known* when the text and every qualifier match, and *possibly* when the text matches
 but the error as pasted cannot show a qualifier (no frames, or no exception class): a qualifier

@@ -102,12 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     _add_patches(p)
 
     p = sub.add_parser(
-        "readme",
-        help="regenerate the README's tables of fixes and of reports looked at from the patches' data",
-        description="Rewrite the README's generated tables (between <!-- BEGIN generated: ... --> lines) from "
-        "the series' fields and looked-at.toml; with --check, exit 1 when they differ instead.",
+        "catalogue",
+        help="regenerate the catalogue's pages (docs/reference/: the fixes, a page per fix, the reports looked at)",
+        description="Rewrite docs/reference/fixes.md, docs/reference/fixes/<id>.md and docs/reference/looked-at.md "
+        "from the series' fields and looked-at.toml; with --check, exit 1 when they differ instead.",
     )
-    p.add_argument("--readme", type=Path, default=Path(__file__).resolve().parents[2] / "README.md")
+    p.add_argument("--docs", type=Path, default=Path(__file__).resolve().parents[2] / "docs")
     p.add_argument("--check", action="store_true")
     _add_patches(p)
 
@@ -124,10 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     if pytest_args:
         parser.error(f"{args.verb} takes no arguments after --")
     patches = (args.patches or load_config().patches_dir).resolve()
-    if args.verb == "readme":
-        from .readme import run_readme
+    if args.verb == "catalogue":
+        from .catalogue_pages import run_catalogue
 
-        return run_readme(args.readme, patches, check=args.check)
+        return run_catalogue(args.docs, patches, check=args.check)
     if args.verb == "capture":
         from .capture import run_capture
 

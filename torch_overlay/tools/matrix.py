@@ -1,7 +1,7 @@
 """``build.sh matrix``: each fix on each supported torch, measured, against what its fields say.
 
 ``build.sh`` runs ``status --json`` and ``verify --quick --needed --json`` in each torch's private
-venv and hands the reports here: one cell per fix and torch, written to ``docs/matrix.md``. A
+venv and hands the reports here: one cell per fix and torch, written to ``docs/measurements/matrix.md``. A
 cell that contradicts the patch's fields (``Affects``, ``Introduced``, ``Applied-Upstream``) is
 listed and fails the run, as does a fix that does not fix.
 """
