@@ -120,6 +120,26 @@ ensure_deps() {
   "$1" -m pip install -q "${DEPS[@]}" >&2
 }
 
+# The trainers whose recipes the suite runs (tests/recipes/), installed where the whole suite runs.
+CLIENTS=(transformers==5.23.0 accelerate==1.15.0)
+
+# Install the recipes' trainers into interpreter $1 (torch $2), keeping its torch: pinned by a
+# constraint, since a plain install under a machine-wide pip cap would swap torch for another release.
+ensure_clients() {
+  "$1" -c "import transformers, accelerate" >/dev/null 2>&1 && return
+  local pin
+  pin="$(mktemp)"
+  echo "torch==$2" >"$pin"
+  echo "== installing ${CLIENTS[*]} into $1 for the recipes' tests (torch pinned to $2)" >&2
+  PIP_CONSTRAINT=/dev/null "$1" -m pip install -q -c "$pin" "${CLIENTS[@]}" >&2 || {
+    rm -f "$pin"
+    echo "error: pip could not install ${CLIENTS[*]} (pip's error is above)" >&2
+    return 1
+  }
+  rm -f "$pin"
+  [ "$(torch_version_of "$1")" = "$2" ] || { echo "error: installing ${CLIENTS[*]} changed torch in $1" >&2; return 1; }
+}
+
 run_py() {
   local py
   py="$(python_for_version)"
@@ -160,6 +180,8 @@ cmd_test() {
   # The whole suite starts with the linters, so that CI fails on them too.
   if ! test_paths_given "$@"; then
     cmd_lint || return 1
+    # The light leg runs no recipe; the whole suite does.
+    [ "${TORCH_OVERLAY_TEST_LEG:-}" = light ] || ensure_clients "$py" "$TORCH_VERSION" || return 1
   fi
   echo "== torch_overlay test suite on torch $TORCH_VERSION ($py)"
   cd "$ROOT"
