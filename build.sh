@@ -47,6 +47,11 @@ Usage: ./build.sh VERB [ARGS]
                        and with the overlay; list every test whose outcome differs (exit 1 if a
                        test that passes without the overlay fails with it), and each test's time
                        both ways, flagging a SLOWDOWN (over x1.2 and 5 s more with the overlay)
+  conformance UPSTREAM_TESTS_DIR [--files F,...] [--timeout S]
+                       run the upstream test files of the conformance record found in UPSTREAM_TESTS_DIR
+                       (a PyTorch checkout's test/) through compare, without and with the overlay, on the
+                       oldest and newest torch of their fixes; writes docs/measurements/conformance.toml
+                       and .md (hours for the whole record on 2 cores: not part of CI)
   python               print the path of the Python interpreter used for TORCH_VERSION
   help                 this text
 
@@ -266,6 +271,12 @@ case "$verb" in
   status) run_py -m torch_overlay status "$@" ;;
   verify) run_py -m torch_overlay verify "$@" ;;
   apply | wheel | stage | compare) run_py -m torch_overlay.tools "$verb" "$@" ;;
+  conformance)
+    [ $# -gt 0 ] || { echo "usage: ./build.sh conformance UPSTREAM_TESTS_DIR [--files F,...] [--timeout S]" >&2; exit 2; }
+    dir="$1"
+    shift
+    run_py -m torch_overlay.tools conformance --run "$dir" "$@"
+    ;;
   python) python_for_version ;;
   help | -h | --help) usage ;;
   *)

@@ -22,6 +22,8 @@ FIX = "dtensor-is-any-true-strategy"  # needed on every supported torch, with a 
 ELSEWHERE = {
     "test": ".ci/run (this suite is `./build.sh test`)",
     "lint": ".ci/run (`./build.sh test` starts with it)",
+    # Hours on 2 cores: never run whole by the suite; its record and page by tests/tools/test_conformance.py.
+    "conformance": "tests/tools/test_conformance.py (the record; the runs themselves are compare's)",
     "bench": "tests/tools/test_bench.py (bench --smoke)",
     "apply": "tests/tools/test_apply.py::test_build_sh_dispatches_apply (apply --check)",
     "python": "tests/tools/test_build_sh_venvs.py",

@@ -111,6 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true")
     _add_patches(p)
 
+    p = sub.add_parser(
+        "conformance",
+        help="the conformance record: regenerate docs/measurements/conformance.md (--check: compare), or rerun it",
+        description="Without --run: check the record (docs/measurements/conformance.toml) against the series and "
+        "regenerate its page; with --check, exit 1 when a changed torch file has no row or the page is stale. "
+        "With --run DIR: run the recorded upstream test files found in DIR (a PyTorch checkout's test/) through "
+        "`build.sh compare` on the oldest and newest torch of their fixes, and write the results into the record.",
+    )
+    p.add_argument("--check", action="store_true")
+    p.add_argument("--run", type=Path, default=None, metavar="UPSTREAM_TESTS_DIR")
+    p.add_argument("--files", default="", metavar="TORCH_FILE,...", help="with --run: only the rows of these torch files")
+    p.add_argument("--timeout", type=float, default=3600.0, help="with --run: seconds per pytest run (default 3600)")
+    _add_patches(p)
+
     argv = sys.argv[1:] if argv is None else list(argv)
     # Everything after -- belongs to pytest; split it off first, since argparse's own handling
     # of -- inside a subcommand would reject it.
@@ -124,6 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     if pytest_args:
         parser.error(f"{args.verb} takes no arguments after --")
     patches = (args.patches or load_config().patches_dir).resolve()
+    if args.verb == "conformance":
+        from .conformance import run_check, run_conformance
+
+        root = Path(__file__).resolve().parents[2]
+        if args.run is not None:
+            only = {f for f in args.files.split(",") if f}
+            return run_conformance(root, patches, args.run.resolve(), only, args.timeout)
+        return run_check(root, patches, write=not args.check)
     if args.verb == "catalogue":
         from .catalogue_pages import run_catalogue
 

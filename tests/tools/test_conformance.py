@@ -1,0 +1,80 @@
+"""The conformance record (docs/measurements/conformance.toml) has a row for every torch file the
+series changes, and its page is generated from it."""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from pathlib import Path
+
+from torch_overlay.series.series import read_series
+from torch_overlay.tools.conformance import (
+    PAGE,
+    RECORD,
+    _write_record,
+    changed_files,
+    check_record,
+    load_record,
+    render,
+    run_check,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_changed_torch_file_has_a_row_and_the_page_is_current():
+    patches = read_series(REPO / "patches")
+    assert check_record(load_record(REPO / RECORD), patches) == []
+    assert run_check(REPO, REPO / "patches", write=False) == 0, "run `python -m torch_overlay.tools conformance`"
+
+
+def test_a_file_without_a_row_a_row_without_a_reason_and_a_stray_run_are_problems(tmp_path):
+    patches = read_series(REPO / "patches")
+    record = load_record(REPO / RECORD)
+    dropped = record["file"].pop(0)["torch"]
+    record["file"][0] = {"torch": record["file"][0]["torch"], "upstream": []}
+    record["run"].append({"upstream": "test/nowhere.py", "torch": "2.11.0"})
+    problems = check_record(record, patches)
+    assert any(p.startswith(f"{dropped}: changed by") for p in problems), problems
+    assert any("names no upstream test" in p for p in problems), problems
+    assert any("test/nowhere.py" in p and "no [[file]] row" in p for p in problems), problems
+    assert any("lacks commit" in p for p in problems), problems
+
+
+def test_a_run_is_written_back_and_shown(tmp_path):
+    root = tmp_path / "repo"
+    (root / RECORD.parent).mkdir(parents=True)
+    shutil.copy(REPO / RECORD, root / RECORD)
+    patches = read_series(REPO / "patches")
+    record = load_record(root / RECORD)
+    row = next(r for r in record["file"] if r["torch"] == "torch/nn/utils/clip_grad.py")
+    run = {
+        "upstream": row["upstream"][0],
+        "torch": "2.11.0",
+        "commit": "0123456789abcdef",
+        "select": "",
+        "measured": "2026-12-01",
+        "without": {"pass": 3, "fail": 0, "error": 0, "skipped": 1},
+        "with": {"pass": 3, "fail": 0, "error": 0, "skipped": 1},
+        "differences": [],
+        "time_ratio": 1.01,
+        "reach": {"clip-grad-norm-mixed-meshes": 3},
+    }
+    record["run"].append(run)
+    _write_record(root / RECORD, record)
+    with open(root / RECORD, "rb") as f:
+        again = tomllib.load(f)
+    assert again["run"][-1] == run
+    assert again["file"] == load_record(REPO / RECORD)["file"]
+    page = render(load_record(root / RECORD), patches)
+    assert "`clip-grad-norm-mixed-meshes` 3" in page
+    assert "| 3 / 0 / 0 / 1 | 3 / 0 / 0 / 1 | none | x1.01 |" in page
+    assert (REPO / PAGE).is_file()
+
+
+def test_changed_files_name_every_fix_that_changes_them():
+    files = changed_files(read_series(REPO / "patches"))
+    assert "clip-grad-norm-mixed-meshes" in files["torch/nn/utils/clip_grad.py"]
+    assert {"dtensor-new-empty-partial", "dtensor-new-factory-shard-partial"} <= set(
+        files["torch/distributed/tensor/_ops/_tensor_ops.py"]
+    )
