@@ -59,6 +59,17 @@ def default_cache_dir(env: Mapping[str, str]) -> Path:
 class Config:
     """The switches as read (immutable; a plain class: see ``_state``'s docstring)."""
 
+    enabled: bool
+    disabled_ids: frozenset[str]
+    strict: bool
+    patches_dir: Path
+    code_cache: bool
+    children: bool
+    check_ranks: str
+    quiet: bool
+    cache_dir: Path
+    problems: tuple[str, ...]
+
     FIELDS = (
         "enabled",
         "disabled_ids",
