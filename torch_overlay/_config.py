@@ -127,14 +127,14 @@ class Config:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return self._values() == other._values()  # type: ignore[attr-defined]
+        return self._values() == other._values()
 
     def __hash__(self) -> int:
         return hash(self._values())
 
     def replace(self, **changes: object) -> Config:
         """A copy with ``changes`` (``dataclasses.replace``'s job)."""
-        return Config(**{**self.__dict__, **changes})  # type: ignore[arg-type]
+        return Config(**{**self.__dict__, **changes})
 
 
 def parse_switch(name: str, value: str | None, default: bool) -> tuple[bool, str | None]:

@@ -40,6 +40,7 @@ def _gpu_ids(gpu_doc: Path) -> set[str]:
 def fixes_table(catalogue: Catalogue, gpu: set[str]) -> str:
     rows = ["| id | bug | what you see without it | broken on torch | GPU |", "| --- | --- | --- | --- | --- |"]
     for bug in catalogue.fixes():
+        assert bug.patch is not None and bug.patch.main is not None  # a fix is made from its patch's main file
         fields = bug.patch.main.fields
         seen = fields.get("Symptom", bug.title)
         quoted = [_signature_text(s) for s in bug.patch.main.errors if not s.startswith("re:")]
