@@ -59,6 +59,17 @@ def default_cache_dir(env: Mapping[str, str]) -> Path:
 class Config:
     """The switches as read (immutable; a plain class: see ``_state``'s docstring)."""
 
+    enabled: bool
+    disabled_ids: frozenset[str]
+    strict: bool
+    patches_dir: Path
+    code_cache: bool
+    children: bool
+    check_ranks: str
+    quiet: bool
+    cache_dir: Path
+    problems: tuple[str, ...]
+
     FIELDS = (
         "enabled",
         "disabled_ids",
@@ -116,14 +127,14 @@ class Config:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return self._values() == other._values()  # type: ignore[attr-defined]
+        return self._values() == other._values()
 
     def __hash__(self) -> int:
         return hash(self._values())
 
     def replace(self, **changes: object) -> Config:
         """A copy with ``changes`` (``dataclasses.replace``'s job)."""
-        return Config(**{**self.__dict__, **changes})  # type: ignore[arg-type]
+        return Config(**{**self.__dict__, **changes})
 
 
 def parse_switch(name: str, value: str | None, default: bool) -> tuple[bool, str | None]:

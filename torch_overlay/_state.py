@@ -33,14 +33,14 @@ class _Words(type):
         cls = super().__new__(mcs, name, bases, {k: v for k, v in namespace.items() if k not in words})
         members = []
         for key, value in words.items():
-            member = str.__new__(cls, value)
+            member: _Word = str.__new__(cls, value)  # type: ignore[arg-type]  # cls derives from _Word
             member.name = key
             type.__setattr__(cls, key, member)
             members.append(member)
         type.__setattr__(cls, "_members", tuple(members))
         return cls
 
-    def __call__(cls, value: object) -> _Word:  # type: ignore[override]
+    def __call__(cls, value: object) -> _Word:
         for member in cls._members:  # type: ignore[attr-defined]
             if member == value:
                 return member
@@ -79,7 +79,16 @@ class _Word(str):
         return self
 
 
-class PatchState(_Word, metaclass=_Words):
+TYPE_CHECKING = False  # mypy reads it as True (no `typing` import on the path of `import torch`)
+if TYPE_CHECKING:
+    # mypy's view: members are instances of their class (``PatchState.APPLIED: PatchState``, not the
+    # ``str`` written in the class body), ``Cls(value)`` and iteration give members, as for an enum.
+    from enum import EnumMeta as _WordsView
+else:
+    _WordsView = _Words
+
+
+class PatchState(_Word, metaclass=_WordsView):
     APPLIED = "applied"  # the patched code is live (the build tools: the diff applies)
     UPSTREAM = "upstream"  # torch already has the change
     DRIFT = "drift"  # neither the diff nor its reverse fits
@@ -90,7 +99,7 @@ class PatchState(_Word, metaclass=_Words):
     FAILED = "failed"  # anything unexpected; the reason says what
 
 
-class Mode(_Word, metaclass=_Words):
+class Mode(_Word, metaclass=_WordsView):
     """How an applied patch reached its modules."""
 
     AT_IMPORT = "at import"  # the module executed the patched source
@@ -121,7 +130,7 @@ class Target:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return (self.path, self.module) == (other.path, other.module)  # type: ignore[attr-defined]
+        return (self.path, self.module) == (other.path, other.module)
 
     def __hash__(self) -> int:
         return hash((self.path, self.module))
@@ -176,7 +185,7 @@ class PatchStatus:
 
     def replace(self, **changes: object) -> PatchStatus:
         """A copy with ``changes`` (``dataclasses.replace``'s job)."""
-        return PatchStatus(**{**{k: getattr(self, k) for k in self.FIELDS}, **changes})  # type: ignore[arg-type]
+        return PatchStatus(**{**{k: getattr(self, k) for k in self.FIELDS}, **changes})
 
     def as_dict(self) -> dict[str, object]:
         out = {k: getattr(self, k) for k in self.FIELDS}

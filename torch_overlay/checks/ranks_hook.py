@@ -55,6 +55,6 @@ def install() -> None:
         _wrap(sys.modules[C10D])
         torch_dist = sys.modules.get("torch.distributed")
         if torch_dist is not None and hasattr(torch_dist, "init_process_group"):
-            torch_dist.init_process_group = sys.modules[C10D].init_process_group
+            torch_dist.init_process_group = sys.modules[C10D].init_process_group  # type: ignore[attr-defined]
         return
     torch_overlay._overlay._hook.on_import(C10D, lambda name: _wrap(sys.modules[name]))

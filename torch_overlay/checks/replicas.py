@@ -237,7 +237,7 @@ def _collect(module: nn.Module, *, grads: bool, params: bool, atol: float) -> li
                 f"{list(param.placements)} {tuple(param.shape)} {param.dtype}, {compared}",
             )
             for kind in kinds:
-                bucket.slots.append(_Slot(name, kind, mesh_dim, dim_name))
+                bucket.slots.append(_Slot(name, kind, mesh_dim, dim_name))  # type: ignore[arg-type]  # "param" or "grad"
                 if kind == "param":
                     bucket.rows.append(_present(checksums.row((name, "param"), local)))
                 else:

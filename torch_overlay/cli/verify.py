@@ -249,7 +249,7 @@ class _Runner:
             with self._lock:
                 self._procs.add(proc)
             timed_out = threading.Event()
-            timer = threading.Timer(self.timeout, lambda: (timed_out.set(), self._kill(proc)))
+            timer = threading.Timer(self.timeout, lambda: (timed_out.set(), self._kill(proc)))  # type: ignore[func-returns-value]
             timer.start()
             tail: deque[str] = deque(maxlen=20)
             assert proc.stdout is not None

@@ -29,7 +29,7 @@ _DIGEST = 32  # sha256 of the key
 _CHECKSUM = 4  # crc32 of the payload
 
 
-def checksum(payload: bytes) -> bytes:
+def checksum(payload: bytes | memoryview) -> bytes:
     """What an entry stores to verify its payload."""
     import zlib
 
@@ -149,7 +149,7 @@ class CodeCache:
 
     def _write(self, path: Path, key_digest: bytes, value: object) -> None:
         try:
-            payload = marshal.dumps(value)
+            payload = marshal.dumps(value)  # type: ignore[arg-type]  # any value: ValueError if not marshal-able
         except ValueError:
             return
         import tempfile

@@ -182,7 +182,7 @@ def _compile_patched(
             for alias in node.names:
                 future_flags |= getattr(__future__, alias.name).compiler_flag
 
-    imports = [
+    imports: list[ast.stmt] = [
         node
         for node in new_tree.body
         if isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "module", None) != "__future__"
@@ -212,7 +212,7 @@ def _compile_patched(
             # Compiled alone, the statement still needs the module's `from __future__` imports,
             # and the names bound by its imports: CPython compiles `mod.f()` differently when
             # `mod` is an imported name. Under `if False:` they are seen but not executed.
-            unit = [ast.If(test=ast.Constant(False), body=imports, orelse=[]), stmt] if imports else [stmt]
+            unit: list[ast.stmt] = [ast.If(test=ast.Constant(False), body=imports, orelse=[]), stmt] if imports else [stmt]
             tree = ast.fix_missing_locations(ast.Module(body=unit, type_ignores=[]))
             code = compile(tree, filename, "exec", flags=future_flags, dont_inherit=True)
             added.append((code, _bound_names(stmt), stmt.lineno))

@@ -135,7 +135,8 @@ class Component:
         targets: dict[str, Target],  # path -> target
     ) -> None:
         # A recalled component makes its members only when it is first used (engine/roster.py).
-        self._entries, self._make = (None, entries) if callable(entries) else (entries, None)
+        self._entries: list[Entry] | None = None if callable(entries) else entries
+        self._make: Callable[[Component], list[Entry]] | None = entries if callable(entries) else None
         self._files = files
         self._paths: dict[str, Path] | None = None
         self.targets = targets
@@ -217,7 +218,7 @@ def group_components(
     components = []
     for ordered in members.values():
         targets = {t.path: t for e in ordered for t in e.targets}
-        component = Component(ordered, {p: files[p] for p in targets}, targets)  # type: ignore[misc]
+        component = Component(ordered, {p: files[p] for p in targets}, targets)  # type: ignore[arg-type]  # all found: see above
         for entry in ordered:
             entry.component = component
             entry.reason = "waiting for import of " + ", ".join(t.module for t in entry.targets)

@@ -101,7 +101,7 @@ class ImportHook:
         self.provide = provide
         self.fallback = fallback
         self._watched: frozenset[str] = frozenset()
-        self._callbacks: dict[str, list[Callable[[str], None]]] = {}
+        self._callbacks: dict[str, list[Callable[[str], object]]] = {}
         # Watched or called back: what find_spec looks up for every import of the process.
         self._names: frozenset[str] = frozenset()
         self._busy = threading.local()
@@ -116,7 +116,7 @@ class ImportHook:
         self._names = self._watched | frozenset(self._callbacks)
         self.install()
 
-    def on_import(self, name: str, callback: Callable[[str], None]) -> None:
+    def on_import(self, name: str, callback: Callable[[str], object]) -> None:
         """Call ``callback(name)`` each time module ``name`` has executed (a post-import hook)."""
         self._callbacks.setdefault(name, []).append(callback)
         if name not in self._names:
@@ -156,5 +156,5 @@ class ImportHook:
             self._busy.active = False
         if spec.loader is None or not hasattr(spec.loader, "exec_module") or isinstance(spec.loader, ChainedLoader):
             return spec
-        spec.loader = ChainedLoader(spec.loader, self)
+        spec.loader = ChainedLoader(spec.loader, self)  # type: ignore[assignment]  # a Loader by duck typing
         return spec

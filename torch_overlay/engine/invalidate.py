@@ -77,6 +77,6 @@ class CompileCacheSalt:
             old = set(self._written.split("|")) - set(self._user.split("|")) if self._written else set()
             self._user = "|".join(p for p in parts if p not in old)
         tag = "|".join(p for p in (self._user, self._salt) if p)
-        cconfig.cache_key_tag = tag
+        cconfig.cache_key_tag = tag  # type: ignore[attr-defined]  # torch.compiler.config's option
         self._written = tag
         return True

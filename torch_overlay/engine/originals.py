@@ -72,9 +72,9 @@ def patched_codes(entries: list[Entry], components: Iterable[Component]) -> dict
             for _, _, new in plan.swaps:
                 out[id(new)] = (new, entry, plan.module.__name__)
     for component in components:
-        for name, plan in component.modules.items():
-            if plan.code is not None and name in sys.modules:
-                for code in plan.code.patched_codes():
+        for name, module_plan in component.modules.items():
+            if module_plan.code is not None and name in sys.modules:
+                for code in module_plan.code.patched_codes():
                     out[id(code)] = (code, None, name)
     return out
 
@@ -95,7 +95,9 @@ def get_original(obj: Any, entries: list[Entry], by_module: dict[str, Component]
     """The function as torch ships it: ``obj`` itself when no patch changed it."""
     fn = getattr(obj, "__func__", obj)
     code = getattr(fn, "__code__", None)
-    found = patched_codes(entries, _unique(by_module)).get(id(code)) if code is not None else None
+    if code is None:
+        return obj
+    found = patched_codes(entries, _unique(by_module)).get(id(code))
     if found is None:
         return obj
     _, entry, module = found

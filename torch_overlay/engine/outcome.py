@@ -27,6 +27,6 @@ class Outcome:
         if other.__class__ is not self.__class__:
             return NotImplemented
         mine = (self.state, self.reason, self.variant, self.paths)
-        return mine == (other.state, other.reason, other.variant, other.paths)  # type: ignore[attr-defined]
+        return mine == (other.state, other.reason, other.variant, other.paths)
 
     __hash__ = None  # type: ignore[assignment]

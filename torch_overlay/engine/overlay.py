@@ -92,6 +92,7 @@ class Overlay:
             if self._activated:
                 return
             self._activated = True
+            patches: list[Patch]
             key, patches, recalled = None, [], None
             folder, cache = self.config.patches_dir, self._cache
             try:
@@ -181,8 +182,8 @@ class Overlay:
         for name in sorted(entry.changes):
             if name in entry.swapped:
                 changed += [q for plan in entry.plans if plan.module.__name__ == name for q in plan.changed]
-            elif component is not None and name in component.modules and component.modules[name].code:
-                changed += component.modules[name].code.changed.get(entry.id, [])
+            elif component is not None and name in component.modules and (code := component.modules[name].code):
+                changed += code.changed.get(entry.id, [])
         name = entry.variant.name if entry.variant else ""
         self._set(entry, PatchState.APPLIED, f"{name}: {', '.join(dict.fromkeys(changed)) or 'new definitions'}")
 
@@ -251,8 +252,8 @@ class Overlay:
 
             if touches_dtensor(modules):
                 clear_dtensor_caches()
-            live = [e for e in self._roster.made() if e.live and e.variant is not None]
-            self._salt.set(",".join(f"torch_overlay:{e.id}@{e.variant.digest[:12]}" for e in live))
+            live = [(e.id, e.variant) for e in self._roster.made() if e.live and e.variant is not None]
+            self._salt.set(",".join(f"torch_overlay:{pid}@{variant.digest[:12]}" for pid, variant in live))
         except Exception as exc:  # noqa: BLE001 - runs inside an import: never break it
             if self.config.strict:
                 raise

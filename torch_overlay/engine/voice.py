@@ -25,9 +25,13 @@ import sys
 import warnings
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._config import REPORTED
 from .._state import OverlayWarning
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 __all__ = ["claim_exit_line", "pass_on", "release_exit_line", "REPORTED", "said_elsewhere", "says", "tell", "warn"]
 
@@ -130,7 +134,7 @@ def _ours(filename: str) -> bool:
 def warn(message: str, category: type[Warning] = OverlayWarning) -> None:
     """``warnings.warn`` at the first frame of the user's code (the line that imported torch or
     torch_overlay), or at no line when there is none (a launcher's process starting up)."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and _ours(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:

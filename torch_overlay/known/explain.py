@@ -95,6 +95,7 @@ def broken_on(bug: KnownBug) -> str:
         text = _span([_family(v) for v in bad]) if bad else "not reproduced on a supported torch"
         fixed = bug.entry.get("fixed_upstream")
         return f"{text} (fixed upstream in {fixed})" if fixed else text
+    assert bug.patch is not None and bug.patch.main is not None  # a fix is made from its patch's main file
     fields = bug.patch.main.fields
     families = [_family(v) for v in fields.get("Affects", "").split(",") if v.strip()]
     fixed = fields.get("Applied-Upstream", "")
@@ -120,6 +121,7 @@ def _fix_match(
     drifted: Callable[[str], str | None],
 ) -> Match:
     patch = bug.patch
+    assert patch is not None and patch.main is not None  # a fix is made from its patch's main file
     fixed = patch.main.fields.get("Applied-Upstream", "")
     if torch is None:
         return Match(bug, UNKNOWN_TORCH, f"fixed by {bug.id} on the torch releases it is broken on; no torch is installed here: pass --torch VERSION for your release")

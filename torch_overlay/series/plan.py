@@ -96,6 +96,7 @@ def plan_series(
             continue
         step = _decide(patch, version, texts, python_only, tried)
         if step.state == PatchState.APPLIED:
+            assert step.variant is not None  # an applied step names the variant that applies
             texts = apply_variant(step.variant, texts, python_only=python_only)
         steps.append(step)
     return Plan(version, steps, before, texts)

@@ -31,8 +31,8 @@ def parse_version(text: str) -> Version:
 def torch_root() -> Path:
     """The folder that holds the ``torch`` package (site-packages, or a checkout)."""
     torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch, "__file__", None):
-        return Path(torch.__file__).resolve().parent.parent
+    if torch is not None and (file := getattr(torch, "__file__", None)):
+        return Path(file).resolve().parent.parent
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("torch is not installed")

@@ -77,12 +77,12 @@ class Checkout:
             for path, text in texts.items():
                 target = targets[path]
                 target.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+                fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
                 with os.fdopen(fd, "wb") as f:
                     f.write(text.encode("utf-8"))
                 mode = target.stat().st_mode if target.exists() else 0o644
-                os.chmod(tmp, mode & 0o7777)
-                staged.append((Path(tmp), target))
+                os.chmod(name, mode & 0o7777)
+                staged.append((Path(name), target))
         except BaseException:
             for tmp, _ in staged:
                 tmp.unlink(missing_ok=True)

@@ -149,11 +149,11 @@ def _resolve_one(text: str, gates: dict[str, str], torch_version: str | None) ->
                 raise BuildError(f"line {call.lineno}: for_torch's keys must be version strings")
             known = [k for k in keys if torch_version is None or parse_version(k) <= parse_version(torch_version)]
             chosen = max(known, key=parse_version)
-            value = ast.get_source_segment(text, table.values[keys.index(chosen)])
+            segment = ast.get_source_segment(text, table.values[keys.index(chosen)])
             start = sum(len(line) for line in lines[: call.lineno - 1]) + _col(lines[call.lineno - 1], call.col_offset)
             end_line = call.end_lineno or call.lineno
             end = sum(len(line) for line in lines[: end_line - 1]) + _col(lines[end_line - 1], call.end_col_offset or 0)
-            return text[:start] + (value or "") + text[end:]
+            return text[:start] + (segment or "") + text[end:]
     return None
 
 
@@ -398,7 +398,7 @@ def merge_test(existing: str, ours: str, where: str) -> str:
     # A statement the file already has word for word (a shared constant, say) is not repeated.
     old_dumps = {ast.dump(node) for node in old_tree.body}
     repeated = [node for node in rest if _defined(node) and ast.dump(node) in old_dumps]
-    skip = {line for node in repeated for line in range(_start(node), node.end_lineno + 1)}
+    skip = {line for node in repeated for line in range(_start(node), (node.end_lineno or node.lineno) + 1)}
     rest = [node for node in rest if node not in repeated]
     clashes = sorted({name for node in rest for name in _defined(node)} & old_names)
     if clashes:
@@ -422,7 +422,7 @@ def merge_test(existing: str, ours: str, where: str) -> str:
                 raise BuildError(f"{where} binds {bound!r} differently from the fix's test ({stmt})")
 
     # Our statements after the imports, with the comments above them, up to our main guard.
-    first = ours_tree.body[head - 1].end_lineno if head else 0
+    first = (ours_tree.body[head - 1].end_lineno or 0) if head else 0
     stop = main.lineno - 1 if main else len(ours_lines)
     kept = [line for n, line in enumerate(ours_lines[first:stop], first + 1) if n not in skip]
     chunk = re.sub(r"\n{4,}", "\n\n\n", "".join(kept)).strip("\n") if rest else ""

@@ -24,6 +24,7 @@ def _simulate(plan: Plan, subset: list[Step]) -> dict[str, str] | None:
     texts = dict(plan.before)
     for step in plan.applying:
         if step in subset:
+            assert step.variant is not None  # an applied step names the variant that applies
             try:
                 texts = apply_variant(step.variant, texts)
             except HunkMismatch:
@@ -104,6 +105,8 @@ def run_apply(
             rows.append(("not needed", step, step.reason))
         elif step.state == PatchState.DRIFT:
             rows.append(("drift", step, step.reason))
+        elif step.variant is None:  # what is left applies (a source tree has no "source only")
+            raise AssertionError(f"{step.patch.id}: {step.state} without a variant")
         elif step in present and not reverse:
             rows.append(("upstream", step, f"already applied to the working tree ({step.variant.path.name})"))
         elif step in present:

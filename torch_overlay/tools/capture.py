@@ -73,7 +73,7 @@ def _short_path(path: str, repo: str) -> str:
 def compact_exception(exc: BaseException, repo: str = "") -> str:
     """``exc`` as Python prints it uncaught, its chain included, without source lines, carets
     or the folder torch is installed in (frames read ``File "torch/x.py", line N, in f``)."""
-    te = traceback.TracebackException.from_exception(exc, capture_locals=False)
+    te: traceback.TracebackException | None = traceback.TracebackException.from_exception(exc, capture_locals=False)
     chain: list[traceback.TracebackException] = []
     while te is not None:
         chain.append(te)

@@ -78,7 +78,7 @@ def pr_body(staged: StagedPatch) -> str:
 
 def _prepare(checkout: Checkout, steps: list[Step], repo: Path) -> list[StagedPatch]:
     """Each commit's test file and message; refuse before any change if one cannot be made."""
-    tests: dict[str, str | None] = {}
+    tests: dict[str, str] = {}
 
     def add_test(pid: str, path: str, upstream: str, select: str) -> str:
         """Merge the classes ``select`` of our test module ``path`` into ``upstream``; the command
@@ -88,9 +88,7 @@ def _prepare(checkout: Checkout, steps: list[Step], repo: Path) -> list[StagedPa
             ours = fix_test((repo / path).read_text(encoding="utf-8"), classes)
         except BuildError as e:
             raise BuildError(f"{pid}: {path}: {e}") from e
-        if upstream not in tests:
-            tests[upstream] = checkout.head_text(upstream)
-        existing = tests[upstream]
+        existing = tests[upstream] if upstream in tests else checkout.head_text(upstream)
         tests[upstream] = ours if existing is None else merge_test(existing, ours, upstream)
         select = " or ".join(classes or reproducer_names(ours))
         return f"python {upstream}" + (f" -k {shlex.quote(select)}" if select else "")

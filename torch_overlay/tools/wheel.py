@@ -103,7 +103,7 @@ def _zip_source(path: Path, archive: zipfile.ZipFile) -> _Source:
     dist_infos = {i.filename.split("/")[0] for i in infos if i.filename.split("/")[0].endswith(".dist-info")}
     if len(dist_infos) != 1:
         raise BuildError(f"{path}: expected one .dist-info directory, found {sorted(dist_infos)}")
-    members = [_Member(i.filename, i, lambda i=i: archive.read(i)) for i in infos]
+    members = [_Member(i.filename, i, lambda i=i: archive.read(i)) for i in infos]  # type: ignore[misc]  # i=i binds each
     return _Source(str(path), dist_infos.pop(), m.group("tags"), members)
 
 
@@ -111,12 +111,13 @@ def _installed_source() -> _Source:
     """The installed torch as a wheel would hold it, from the files its RECORD lists."""
     site = torch_root()
     dists = [d for d in importlib.metadata.distributions(path=[str(site)]) if d.metadata["Name"] == "torch"]
-    if not dists or dists[0].files is None:
+    files = dists[0].files if dists else None  # read from RECORD at each access
+    if files is None:
         raise BuildError(f"no torch distribution with a RECORD in {site}")
     dist = dists[0]
     members = []
     dist_info = ""
-    for file in dist.files:
+    for file in files:
         parts = file.parts
         # Console scripts (../../bin) and bytecode are made by the installer, not shipped.
         if parts[0] == ".." or "__pycache__" in parts or file.suffix == ".pyc":
@@ -125,7 +126,7 @@ def _installed_source() -> _Source:
             dist_info = parts[0]
             if parts[-1] in _INSTALLER_FILES and len(parts) == 2:
                 continue
-        path = Path(dist.locate_file(file))
+        path = Path(dist.locate_file(file))  # type: ignore[arg-type]  # a Path for an installed distribution
         info = zipfile.ZipInfo.from_file(path, file.as_posix())
         members.append(_Member(file.as_posix(), info, path.read_bytes))
     wheel = (site / dist_info / "WHEEL").read_text(encoding="utf-8")
