@@ -134,3 +134,23 @@ def test_the_overlay_decides_for_the_torch_a_users_sitecustomize_picks(tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     imported, decided_for, root = json.loads(proc.stdout.splitlines()[-1])
     assert decided_for == imported and Path(root) == site.resolve()
+
+
+def test_a_torch_put_on_sys_path_after_the_overlay_is_said_and_left_alone(tmp_path):
+    # A usercustomize, or the script itself, may change sys.path after the bootstrap imported the overlay.
+    site = _another_torch()
+    if site is None:
+        pytest.skip("no other torch installed for this Python")
+    fix = "aot-fresh-alias-outputs"  # unfixed upstream on every supported torch
+    script = tmp_path / "job.py"
+    script.write_text(
+        f"import json, sys\nsys.path.insert(0, {str(site)!r})\n"
+        "import torch, torch._functorch.aot_autograd, torch_overlay\n"
+        f"print(json.dumps({{s.id: str(s.state) for s in torch_overlay.status()}}[{fix!r}]))\n"
+    )
+    proc = _launch(tmp_path, sys.executable, str(script))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == "failed"
+    assert f"was imported from {site.resolve()}" in proc.stderr
+    strict = _launch(tmp_path, sys.executable, str(script), env={"TORCH_OVERLAY_STRICT": "1"})
+    assert strict.returncode == 1 and "OverlayError" in strict.stderr, strict.stderr[-3000:]

@@ -21,7 +21,7 @@ from typing import Any, TYPE_CHECKING
 from .._config import Config, load_config, unknown_ids_problem
 from .._state import Mode, OverlayError, PatchState, PatchStatus
 from ..series.series import Patch, SeriesError
-from ..series.versions import torch_version
+from ..series.versions import torch_root, torch_version
 # Only what activation needs is imported here: `import torch_overlay` is on the path of every
 # job's `import torch` (README, Benchmarks); the rest is imported where it is first used.
 from .activation_memo import recall, settle_and_group
@@ -66,6 +66,7 @@ class Overlay:
         self._says_exit_line = False
         self.problems: list[str] = []  # the series or a switch could not be read as given
         self._imports = FailedImports(lambda entry, why: self._set(entry, PatchState.FAILED, why))
+        self._other_torch: str | None = None  # why the torch imported is not the one decided for ("": it is)
 
     @property
     def _cache(self) -> CodeCache:
@@ -194,6 +195,14 @@ class Overlay:
             component = self._by_module.get(name)
             if component is None or component.reverted:
                 return None
+            other = self._torch_moved()
+            if other:  # decided for files of another torch: this one is left as it is
+                for entry in component.entries:
+                    entry.state, entry.reason = PatchState.FAILED, other
+                if other not in self.problems:
+                    self.report_problem(other)  # once (raises under strict)
+                self._raise_if_strict(component.entries)
+                return None
             if not component.decided:
                 self._decide(component, importing=name)
             self._raise_if_strict(component.entries)
@@ -211,6 +220,24 @@ class Overlay:
             assert plan.code is not None
             plan.code.register_source()
             return plan.code.code, plan.code.text
+
+    def _torch_moved(self) -> str | None:
+        """Why the ``torch`` imported is not the one activation read (``sys.path`` changed after
+        ``import torch_overlay``: a ``usercustomize``, the script itself), or None if it is."""
+        if self._other_torch is None:
+            file = getattr(sys.modules.get("torch"), "__file__", None)
+            if not file:
+                return None
+            imported = os.path.dirname(os.path.dirname(os.path.realpath(file)))
+            self._other_torch = ""
+            if imported != str(torch_root()):
+                torch = sys.modules["torch"]
+                self._other_torch = (
+                    f"the overlay was set up for torch {torch_version()} in {torch_root()}, but torch "
+                    f"{getattr(torch, '__version__', '?')} was imported from {imported} (sys.path changed after "
+                    "`import torch_overlay`): no patch is applied to it; import torch_overlay after setting sys.path"
+                )
+        return self._other_torch or None
 
     def _on_imported(self, name: str) -> None:
         """After a watched module executed: record which patches it now runs."""
