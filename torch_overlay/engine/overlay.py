@@ -21,13 +21,14 @@ from typing import Any, TYPE_CHECKING
 from .._config import Config, load_config, unknown_ids_problem
 from .._state import Mode, OverlayError, PatchState, PatchStatus
 from ..series.series import Patch, SeriesError
-from ..series.versions import torch_root, torch_version
+from ..series.versions import torch_version
 # Only what activation needs is imported here: `import torch_overlay` is on the path of every
 # job's `import torch` (README, Benchmarks); the rest is imported where it is first used.
 from .activation_memo import recall, settle_and_group
 from .components import Component, Entry
 from .import_failures import FailedImports
 from .importhook import ImportHook
+from .other_torch import left_to_another_torch
 from .series_index import folder_key, indexed_series_and_key
 from .job_lines import job_end_line, job_start_line, LATE, summary_line
 from .roster import Roster
@@ -66,7 +67,6 @@ class Overlay:
         self._says_exit_line = False
         self.problems: list[str] = []  # the series or a switch could not be read as given
         self._imports = FailedImports(lambda entry, why: self._set(entry, PatchState.FAILED, why))
-        self._other_torch: str | None = None  # why the torch imported is not the one decided for ("": it is)
 
     @property
     def _cache(self) -> CodeCache:
@@ -193,15 +193,7 @@ class Overlay:
         name = module.__name__
         with self._lock:
             component = self._by_module.get(name)
-            if component is None or component.reverted:
-                return None
-            other = self._torch_moved()
-            if other:  # decided for files of another torch: this one is left as it is
-                for entry in component.entries:
-                    entry.state, entry.reason = PatchState.FAILED, other
-                if other not in self.problems:
-                    self.report_problem(other)  # once (raises under strict)
-                self._raise_if_strict(component.entries)
+            if component is None or component.reverted or left_to_another_torch(component.entries, self):
                 return None
             if not component.decided:
                 self._decide(component, importing=name)
@@ -220,24 +212,6 @@ class Overlay:
             assert plan.code is not None
             plan.code.register_source()
             return plan.code.code, plan.code.text
-
-    def _torch_moved(self) -> str | None:
-        """Why the ``torch`` imported is not the one activation read (``sys.path`` changed after
-        ``import torch_overlay``: a ``usercustomize``, the script itself), or None if it is."""
-        if self._other_torch is None:
-            file = getattr(sys.modules.get("torch"), "__file__", None)
-            if not file:
-                return None
-            imported = os.path.dirname(os.path.dirname(os.path.realpath(file)))
-            self._other_torch = ""
-            if imported != str(torch_root()):
-                torch = sys.modules["torch"]
-                self._other_torch = (
-                    f"the overlay was set up for torch {torch_version()} in {torch_root()}, but torch "
-                    f"{getattr(torch, '__version__', '?')} was imported from {imported} (sys.path changed after "
-                    "`import torch_overlay`): no patch is applied to it; import torch_overlay after setting sys.path"
-                )
-        return self._other_torch or None
 
     def _on_imported(self, name: str) -> None:
         """After a watched module executed: record which patches it now runs."""
