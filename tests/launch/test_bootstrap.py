@@ -154,3 +154,13 @@ def test_a_torch_put_on_sys_path_after_the_overlay_is_said_and_left_alone(tmp_pa
     assert f"was imported from {site.resolve()}" in proc.stderr
     strict = _launch(tmp_path, sys.executable, str(script), env={"TORCH_OVERLAY_STRICT": "1"})
     assert strict.returncode == 1 and "OverlayError" in strict.stderr, strict.stderr[-3000:]
+
+
+def test_a_python_without_torch_in_a_strict_job_runs_and_says_nothing(tmp_path):
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    has_torch = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)"
+    if not base.exists() or subprocess.run([str(base), "-S", "-c", has_torch]).returncode != 0:
+        pytest.skip("no Python without torch here")
+    proc = _launch(tmp_path, str(base), "-c", "print('THE TOOL RAN')", env={"TORCH_OVERLAY_STRICT": "1"})
+    assert proc.returncode == 0 and proc.stdout.split() == ["THE", "TOOL", "RAN"], proc.stderr[-3000:]
+    assert "torch_overlay" not in proc.stderr

@@ -51,6 +51,10 @@ def _run_the_shadowed_sitecustomize() -> None:
 
 def _import_the_overlay() -> None:
     try:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            return  # a Python without torch (a tool the job runs): nothing to patch, nothing to say
         import torch_overlay  # noqa: F401
         from torch_overlay.launch import hooks
 
