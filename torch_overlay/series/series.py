@@ -72,13 +72,13 @@ def read_series(patches_dir: Path, *, lazy: bool = False) -> list[Patch]:
     nothing would look like a torch that needs no fix.
     """
     series = patches_dir / "series"
-    if not patches_dir.is_dir():
-        raise SeriesError(f"the patch folder {patches_dir} does not exist or is not a folder")
-    if not series.is_file():
-        raise SeriesError(f"{series} does not exist")
-    try:
+    try:  # read at `import torch_overlay`: a warning, never a crash
+        if not patches_dir.is_dir():
+            raise SeriesError(f"the patch folder {patches_dir} does not exist or is not a folder")
+        if not series.is_file():
+            raise SeriesError(f"{series} does not exist")
         text = series.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:  # read at `import torch_overlay`: a warning, never a crash
+    except (OSError, UnicodeDecodeError) as exc:  # no permission, not UTF-8
         raise SeriesError(f"{series} cannot be read ({exc})") from exc
     patches: dict[str, Patch] = {}
     for lineno, raw in enumerate(text.splitlines(), 1):
