@@ -9,11 +9,13 @@ from pathlib import Path
 __all__ = [
     "Config",
     "KNOWN_VARIABLES",
+    "PATH_SWITCHES",
     "REPORTED",
     "SWITCHES",
     "closest",
     "load_config",
     "parse_switch",
+    "switch_path",
     "unknown_ids_problem",
 ]
 
@@ -44,12 +46,21 @@ _TOOLING = (
     "TORCH_OVERLAY_TEST_LEG",
 )
 KNOWN_VARIABLES = frozenset((*SWITCHES, *_TOOLING, REPORTED))
+# The switches that name a folder: read as an absolute path (a relative one is taken from the
+# current folder at import), and handed on so to child processes (launch/env.py), which may start
+# in another folder.
+PATH_SWITCHES = ("TORCH_OVERLAY_PATCHES", "TORCH_OVERLAY_CACHE_DIR")
+
+
+def switch_path(value: str) -> str:
+    """The absolute path a path-valued switch names (``~`` expanded)."""
+    return os.path.abspath(os.path.expanduser(value.strip()))
 
 
 def default_cache_dir(env: Mapping[str, str]) -> Path:
     """``TORCH_OVERLAY_CACHE_DIR``, else ``$XDG_CACHE_HOME/torch_overlay``, else ``~/.cache/torch_overlay``."""
     if env.get("TORCH_OVERLAY_CACHE_DIR", "").strip():
-        return Path(env["TORCH_OVERLAY_CACHE_DIR"].strip()).expanduser()
+        return Path(switch_path(env["TORCH_OVERLAY_CACHE_DIR"]))
     xdg = env.get("XDG_CACHE_HOME", "").strip()
     # The XDG spec says a relative path is invalid and must be ignored.
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path("~/.cache").expanduser()
@@ -219,12 +230,12 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
     disabled = frozenset(
         item.strip() for item in env.get("TORCH_OVERLAY_DISABLE", "").split(",") if item.strip()
     )
-    patches = env.get("TORCH_OVERLAY_PATCHES")
+    patches = env.get("TORCH_OVERLAY_PATCHES", "")
     return Config(
         enabled=enabled,
         disabled_ids=disabled,
         strict=strict,
-        patches_dir=Path(patches) if patches else default_patches_dir(),
+        patches_dir=Path(switch_path(patches)) if patches.strip() else default_patches_dir(),
         code_cache=code_cache,
         children=children,
         check_ranks=check_ranks,

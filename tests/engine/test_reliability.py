@@ -70,7 +70,7 @@ def test_patched_source_that_raises_falls_back_to_the_original(sandbox, config, 
     assert mod.f() == 1 and _state(overlay, "bad").state == "failed"
 
 
-@pytest.mark.parametrize("layout", ["missing", "file", "no-series", "empty-series"])
+@pytest.mark.parametrize("layout", ["missing", "file", "no-series", "empty-series", "not-utf8-series"])
 def test_an_unreadable_series_warns_and_status_fails(tmp_path, layout):
     where = tmp_path / "patches"
     if layout == "file":
@@ -79,6 +79,8 @@ def test_an_unreadable_series_warns_and_status_fails(tmp_path, layout):
         where.mkdir()
         if layout == "empty-series":
             (where / "series").write_text("# nothing\n")
+        elif layout == "not-utf8-series":
+            (where / "series").write_bytes(b"# caf\xe9 (latin-1)\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_OVERLAY_PATCHES": str(where)}
     proc = subprocess.run(
         [sys.executable, "-m", "torch_overlay", "status", "--lazy"], env=env, capture_output=True, text=True
@@ -92,6 +94,24 @@ def test_an_unreadable_series_warns_and_status_fails(tmp_path, layout):
         text=True,
     )
     assert strict.returncode == 1 and "OverlayError" in strict.stderr
+
+
+def test_a_series_or_patch_that_is_not_utf8_never_stops_a_launched_job(tmp_path):
+    where = tmp_path / "patches"
+    where.mkdir()
+    (where / "series").write_bytes(b"0001-x.patch\n")
+    (where / "0001-x.patch").write_bytes(b"Subject: [PATCH] caf\xe9\n\n")
+    launcher = "from torch_overlay.launch.launcher import main; main()"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_OVERLAY_PATCHES": str(where)}
+    job = [sys.executable, "-c", launcher, sys.executable, "-c", "print('THE JOB RAN')"]
+    proc = subprocess.run(job, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and "THE JOB RAN" in proc.stdout, proc.stderr[-3000:]
+    status = subprocess.run([sys.executable, "-m", "torch_overlay", "status"], env=env, capture_output=True, text=True)
+    assert status.returncode == 1 and "cannot be read" in status.stdout + status.stderr, status.stdout + status.stderr
+    (where / "series").write_bytes(b"0001-x.patch # caf\xe9\n")
+    proc = subprocess.run(job, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and "THE JOB RAN" in proc.stdout, proc.stderr[-3000:]
+    assert f"{where / 'series'} cannot be read" in proc.stderr
 
 
 def test_an_unknown_disabled_id_warns_with_the_closest_known_id(sandbox, config):

@@ -28,6 +28,7 @@ from .activation_memo import recall, settle_and_group
 from .components import Component, Entry
 from .import_failures import FailedImports
 from .importhook import ImportHook
+from .other_torch import left_to_another_torch
 from .series_index import folder_key, indexed_series_and_key
 from .job_lines import job_end_line, job_start_line, LATE, summary_line
 from .roster import Roster
@@ -193,7 +194,7 @@ class Overlay:
         name = module.__name__
         with self._lock:
             component = self._by_module.get(name)
-            if component is None or component.reverted:
+            if component is None or component.reverted or left_to_another_torch(component.entries, self):
                 return None
             if not component.decided:
                 self._decide(component, importing=name)

@@ -100,7 +100,7 @@ def indexed_series_and_key(
     patches = read_series(patches_dir, lazy=True)
     # The key sees the folder's own entries only: a series that lists files elsewhere is not indexed.
     inside = all(v.path.parent == patches_dir for p in patches for v in p.variants)
-    if storable and inside and series_key(patches_dir) == (key, True):  # nothing changed while read
+    if storable and inside and folder_key(patches_dir) == (key, True):  # nothing changed while read
         cache.store(key, _to_index(patches))
         return patches, key
     return patches, None

@@ -12,6 +12,8 @@ import os
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
+from .._config import PATH_SWITCHES, switch_path
+
 __all__ = ["BOOTSTRAP", "inherit", "launch_env"]
 
 BOOTSTRAP = Path(__file__).resolve().parent / "_bootstrap"
@@ -24,6 +26,7 @@ def launch_env(environ: Mapping[str, str], *, check_ranks: str | None = None) ->
     """
     env = dict(environ)
     env["PYTHONPATH"] = _pythonpath(env.get("PYTHONPATH", ""))
+    _absolute_paths(env)
     if check_ranks:
         env["TORCH_OVERLAY_CHECK_RANKS"] = check_ranks
     return env
@@ -36,14 +39,34 @@ def inherit(environ: MutableMapping[str, str]) -> bool:
     path = _pythonpath(environ.get("PYTHONPATH", ""))
     if environ.get("PYTHONPATH") != path:
         environ["PYTHONPATH"] = path
+    _absolute_paths(environ)
     return True
 
 
 def _pythonpath(old: str) -> str:
-    parts = [str(BOOTSTRAP)]
+    """The bootstrap, the user's entries exactly as given, then the source checkout if needed.
+
+    The bootstrap must come first: a ``sitecustomize`` earlier on the path would shadow it (it holds
+    nothing else, and runs the one it shadows). The user's entries keep their order and their empty
+    ones (an empty entry is the current folder: ``PYTHONPATH=$PYTHONPATH:/opt/x`` makes one), and
+    come before our checkout's folder, so that a package of theirs is never shadowed by one of ours.
+    """
+    bootstrap = str(BOOTSTRAP)
+    # An unset or empty PYTHONPATH has no entry: "" would add the current folder.
+    rest = [p for p in old.split(os.pathsep) if p != bootstrap] if old else []
     package_parent = str(BOOTSTRAP.parents[2])
     # (not Path.match: its fnmatch compiles two regular expressions at every `import torch_overlay`)
-    if os.path.basename(package_parent) not in ("site-packages", "dist-packages"):
-        parts.append(package_parent)  # a source checkout: the children must find torch_overlay
-    rest = [p for p in old.split(os.pathsep) if p and p not in parts]
-    return os.pathsep.join(parts + rest)
+    checkout = os.path.basename(package_parent) not in ("site-packages", "dist-packages")
+    if checkout and package_parent not in rest:
+        rest.append(package_parent)  # a source checkout: the children must find torch_overlay
+    return os.pathsep.join([bootstrap, *rest])
+
+
+def _absolute_paths(environ: MutableMapping[str, str]) -> None:
+    """Hand the path-valued switches on as absolute paths: a child may start in another folder."""
+    for name in PATH_SWITCHES:
+        value = environ.get(name, "")
+        if value.strip():
+            absolute = switch_path(value)
+            if absolute != value:
+                environ[name] = absolute

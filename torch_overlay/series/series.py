@@ -12,7 +12,8 @@ __all__ = ["Patch", "SeriesError", "read_series"]
 
 
 class SeriesError(Exception):
-    """The series cannot be read: no such folder, no ``series`` file in it, or an empty one."""
+    """The series cannot be read: no such folder, no ``series`` file in it, one that cannot be read
+    (permissions, not UTF-8), or an empty one."""
 
 
 class Patch:
@@ -71,12 +72,16 @@ def read_series(patches_dir: Path, *, lazy: bool = False) -> list[Patch]:
     nothing would look like a torch that needs no fix.
     """
     series = patches_dir / "series"
-    if not patches_dir.is_dir():
-        raise SeriesError(f"the patch folder {patches_dir} does not exist or is not a folder")
-    if not series.is_file():
-        raise SeriesError(f"{series} does not exist")
+    try:  # read at `import torch_overlay`: a warning, never a crash
+        if not patches_dir.is_dir():
+            raise SeriesError(f"the patch folder {patches_dir} does not exist or is not a folder")
+        if not series.is_file():
+            raise SeriesError(f"{series} does not exist")
+        text = series.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:  # no permission, not UTF-8
+        raise SeriesError(f"{series} cannot be read ({exc})") from exc
     patches: dict[str, Patch] = {}
-    for lineno, raw in enumerate(series.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, raw in enumerate(text.splitlines(), 1):
         name = raw.split("#", 1)[0].strip()
         if not name:
             continue
@@ -85,7 +90,11 @@ def read_series(patches_dir: Path, *, lazy: bool = False) -> list[Patch]:
             if not path.is_file():
                 raise PatchParseError(series, lineno, f"{name} is listed but does not exist")
             parsed = parse_patch(path, lazy=lazy)
-        except (PatchParseError, UnicodeDecodeError) as exc:
+        except (OSError, UnicodeDecodeError) as exc:
+            pid = _id_from_filename(name)
+            patches.setdefault(pid, Patch(pid)).error = str(PatchParseError(path, 1, f"cannot be read ({exc})"))
+            continue
+        except PatchParseError as exc:
             pid = _id_from_filename(name)
             patches.setdefault(pid, Patch(pid)).error = str(exc)
             continue

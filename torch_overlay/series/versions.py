@@ -9,7 +9,17 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["find_file", "parse_version", "SUPPORTED", "support_note", "torch_root", "torch_version", "version_from_text", "version_in"]
+__all__ = [
+    "find_file",
+    "parse_version",
+    "SUPPORTED",
+    "support_note",
+    "torch_moved",
+    "torch_root",
+    "torch_version",
+    "version_from_text",
+    "version_in",
+]
 
 Version = tuple[int, int, int]
 
@@ -50,6 +60,25 @@ def torch_version() -> str:
     if version is None:
         raise ImportError("cannot read torch/version.py")
     return version
+
+
+def torch_moved() -> str | None:
+    """Why the ``torch`` imported is not the one :func:`torch_root` found before it was imported
+    (``sys.path`` changed in between), or None (also while torch is not imported)."""
+    file = getattr(sys.modules.get("torch"), "__file__", None)
+    return _moved(file) if file else None
+
+
+@functools.cache
+def _moved(file: str) -> str | None:
+    imported = os.path.dirname(os.path.dirname(os.path.realpath(file)))
+    if imported == str(torch_root()):
+        return None
+    return (
+        f"the overlay was set up for torch {torch_version()} in {torch_root()}, but torch "
+        f"{getattr(sys.modules['torch'], '__version__', '?')} was imported from {imported} (sys.path changed "
+        "after `import torch_overlay`): no patch is applied to it; import torch_overlay after setting sys.path"
+    )
 
 
 def version_from_text(text: str) -> str | None:
