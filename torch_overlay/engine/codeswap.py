@@ -297,8 +297,10 @@ def plan_swap(
     if swapped:
         lru_wrapper = type(functools.lru_cache(maxsize=None)(lambda: None))
         ids = {id(fn) for fn in swapped}
+        # The class test reads no attribute of a value: isinstance() falls back to ``__class__``,
+        # which a deprecated object of the namespace answers with a warning (torch.distributed.reduce_op).
         scopes = [namespace] + [
-            vars(v) for v in namespace.values() if isinstance(v, type) and v.__module__ == module.__name__
+            vars(v) for v in namespace.values() if issubclass(type(v), type) and v.__module__ == module.__name__
         ]
         plan.caches = [
             w

@@ -17,6 +17,7 @@ from ..series.patchfile import PatchParseError
 from .codecache import CodeCache
 from .components import Component, Entry, ModulePlan
 from .decision_cache import decision_key, file_signature, recall, remember
+from .job_lines import LATE_REMEDY
 from .outcome import Outcome
 
 if TYPE_CHECKING:
@@ -35,10 +36,6 @@ __all__ = [
 
 # A patch lost because its module ran before the overlay: "imported too late" with the remedy,
 # never drift (drift tells the user that torch changed and the fix is no longer to be trusted).
-LATE_REMEDY = (
-    "import torch_overlay before `import torch` (which imports some patched modules itself), or start "
-    "the job with torch-overlay-run"
-)
 LATE_IMPORT = "imported too late: {module} was imported before torch_overlay: {why}; " + LATE_REMEDY
 LATE_DEPENDENT = (
     "imported too late: it applies on top of {earlier}, lost because {module} was imported before "
