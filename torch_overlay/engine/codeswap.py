@@ -239,8 +239,11 @@ def _compile_patched_cached(
 ) -> tuple[types.CodeType, list[tuple[types.CodeType, list[str], int]]]:
     """:func:`_compile_patched`, memoized on disk (parsing is the slow part)."""
     key = "\0".join(("swap", sys.version, module_name, filename, old_source, new_source))
+    # Code compiled for another module's file is not believed (the key names the file; so must the code).
     return cache.load_or_build(
-        key, lambda: _compile_patched(module_name, old_source, new_source, filename), _is_compiled_patch
+        key,
+        lambda: _compile_patched(module_name, old_source, new_source, filename),
+        lambda value: _is_compiled_patch(value) and {c.co_filename for c in [value[0], *(a[0] for a in value[1])]} == {filename},
     )
 
 

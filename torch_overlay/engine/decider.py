@@ -16,7 +16,7 @@ from .._state import PatchState
 from ..series.patchfile import PatchParseError
 from .codecache import CodeCache
 from .components import Component, Entry, ModulePlan
-from .decision_cache import decision_key, file_signature, recall, remember
+from .decision_cache import decision_key, file_signature, recall, remember, settled
 from .job_lines import LATE_REMEDY
 from .outcome import Outcome
 
@@ -56,6 +56,8 @@ def decide_component(
     malformed = {
         id(e): f"malformed patch: {e.patch.error}" for e in component.entries if e.state == PatchState.PENDING and e.patch.error
     }
+    if component.recalled:
+        malformed = {**_files_as_found(component), **malformed}
     key = None
     if not imported and not malformed and cache.usable:  # nothing to swap: the decision may be recalled, or kept
         key = decision_key(component, version)
@@ -149,9 +151,28 @@ def decide_component(
     component.decided = True
     component.modules = {name: plan for name, plan in modules.items() if plan.steps}
     component.texts = current
-    if key is not None and not excluded and decision_key(component, version) == key:
-        remember(key, component, outcomes, cache)  # the files did not change while it was decided
+    # Kept if the files did not change while it was decided, nor so recently that they could again
+    # within their timestamps' resolution without a new signature.
+    if key is not None and not excluded and decision_key(component, version) == key and settled(list(signatures.values())):
+        remember(key, component, outcomes, cache)
     return outcomes, imported
+
+
+def _files_as_found(component: Component) -> dict[int, str]:
+    """Make a recalled component's files those this process finds (the activation memo named them,
+    and a memo is not believed about a file); the reason of each pending entry whose file is gone."""
+    from ..series.versions import find_file
+
+    component.recalled = False
+    gone: dict[int, str] = {}
+    for path, file in component.files.items():
+        found = find_file(path, component.targets[path].module)
+        if found is None:
+            why = f"{path} not found in the installed torch"
+            gone.update((id(e), why) for e in component.entries if e.state == PatchState.PENDING and path in {t.path for t in e.targets})
+        elif found != file:
+            component.files[path] = found
+    return gone
 
 
 def _compile_and_commit(
