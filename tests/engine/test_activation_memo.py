@@ -139,6 +139,7 @@ def test_a_memo_that_does_not_fit_is_not_replayed(series, config) -> None:
     _, ids, settled_rows, grouped, missing = memo
     first, second = grouped  # ((0,), (("torch/a.py",),), files), ((2,), ...)
     x = (("torch/x.py", "torch.x", str(sandbox.patches / "series")),)  # a file that exists
+    first_name = sandbox.modules[0].split(".")[1]
     control = (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/x.py",),), x), second), missing)
     assert activation_memo.replay(control, by_id.__getitem__, lambda *s: None) is not None
     broken = [
@@ -151,7 +152,7 @@ def test_a_memo_that_does_not_fit_is_not_replayed(series, config) -> None:
         (activation_memo.KIND, ids, ((1, "upstream", 3),), grouped, missing),
         (activation_memo.KIND, ids, ((-2, "upstream", "x"),), grouped, missing),  # a list takes -2 too
         (activation_memo.KIND, ids, ((True, "upstream", "x"),), grouped, missing),  # True == 1
-        (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/x.py",),), (("torch/x.py", "torch.x", 3),)), second), missing),  # fd 3
+        (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/x.py",),), (("torch/x.py", "torch.x", 3),)), second), missing),
         (activation_memo.KIND, ids, settled_rows, (((-3,), (("torch/x.py",),), x), second), missing),
         (activation_memo.KIND, ids, settled_rows, (first,), missing),  # a position in no component
         (activation_memo.KIND, ids, settled_rows, (first, first, second), missing),  # one in two
@@ -162,7 +163,7 @@ def test_a_memo_that_does_not_fit_is_not_replayed(series, config) -> None:
         (activation_memo.KIND, ids, settled_rows, grouped, (("torch/x.py",),)),  # a lookup not (path, module)
         (activation_memo.KIND, ids, settled_rows, grouped, ((1, "torch.x"),)),
         # A file not found then that is found now: activation runs again.
-        (activation_memo.KIND, ids, settled_rows, grouped, ((f"torch/{sandbox.modules[0].split('.')[1]}.py", sandbox.modules[0]),)),
+        (activation_memo.KIND, ids, settled_rows, grouped, ((f"torch/{first_name}.py", sandbox.modules[0]),)),
     ]
     for poison in broken:
         assert activation_memo.replay(poison, by_id.__getitem__, lambda *s: pytest.fail("settled")) is None, poison
@@ -328,7 +329,7 @@ def test_a_file_one_process_did_not_find_is_looked_up_again_by_the_next(tmp_path
     pid = next(p for p, (state, _) in control.items() if state == "pending" and targets[p].count(".") >= 2)
     state, package = control[pid][0], targets[pid].rpartition(".")[0]  # torch.distributed.nn, say
     env["TORCH_OVERLAY_CACHE_DIR"] = str(tmp_path / "cache")
-    stub = f"import sys, types\nsys.modules[{package!r}] = types.ModuleType({package!r})\nsys.modules[{package!r}].__path__ = []"
+    stub = f"import sys, types\nsys.modules[{package!r}] = stub = types.ModuleType({package!r})\nstub.__path__ = []"
     stubbed, _ = _status(env, stub)
     assert stubbed[pid][0] == "failed" and "not found in the installed torch" in stubbed[pid][1]  # true of that process
     later, later_rc = _status(env)

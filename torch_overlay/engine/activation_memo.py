@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 from itertools import chain
+from operator import itemgetter
 from typing import Any, TYPE_CHECKING
 
 from .._state import PatchState, Target
@@ -47,6 +48,7 @@ __all__ = ["memo_key", "recall", "record", "replay", "settle_and_group"]
 KIND = "activation memo 3"
 # What activation settles a patch to: a memo saying anything else (applied, pending) is not believed.
 _SETTLED = frozenset(PatchState) - {PatchState.APPLIED, PatchState.PENDING}
+_STATE = itemgetter(1)
 
 
 def recall(
@@ -165,7 +167,7 @@ def replay(
         if set(map(type, positions)) - {int} or sorted(positions) != list(range(len(ids))):
             return None
         states = [(i, PatchState(state), reason) for i, state, reason in settled]
-        if any(type(reason) is not str or state not in _SETTLED for _, state, reason in states):
+        if any(type(reason) is not str for _, _, reason in states) or not _SETTLED.issuperset(map(_STATE, states)):
             return None
         slots: list[Entry | None] = [None] * len(ids)
         components = []

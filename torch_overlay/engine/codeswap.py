@@ -239,12 +239,15 @@ def _compile_patched_cached(
 ) -> tuple[types.CodeType, list[tuple[types.CodeType, list[str], int]]]:
     """:func:`_compile_patched`, memoized on disk (parsing is the slow part)."""
     key = "\0".join(("swap", sys.version, module_name, filename, old_source, new_source))
-    # Code compiled for another module's file is not believed (the key names the file; so must the code).
-    return cache.load_or_build(
-        key,
-        lambda: _compile_patched(module_name, old_source, new_source, filename),
-        lambda value: _is_compiled_patch(value) and {c.co_filename for c in [value[0], *(a[0] for a in value[1])]} == {filename},
-    )
+
+    def check(value: object) -> bool:
+        # Code compiled for another module's file is not believed (the key names the file; so must the code).
+        if not _is_compiled_patch(value):
+            return False
+        code, added = value  # type: ignore[misc]
+        return {c.co_filename for c in [code, *(a[0] for a in added)]} == {filename}
+
+    return cache.load_or_build(key, lambda: _compile_patched(module_name, old_source, new_source, filename), check)
 
 
 def plan_swap(

@@ -128,6 +128,10 @@ class ModulePlan:
 class Component:
     """Patches that share a file, transitively: decided as one (compared by identity)."""
 
+    # Made by a recalled activation: its files, as the memo names them, are checked when decided
+    # (set on those only: a warm import makes every component).
+    recalled = False
+
     def __init__(
         self,
         entries: list[Entry] | Callable[[Component], list[Entry]],  # or what makes them when first used
@@ -145,8 +149,6 @@ class Component:
         self.reverted = False
         # Recalled from the decision cache: ``texts`` and plans' code come on demand.
         self.remembered = False
-        # Made by a recalled activation: its files, as the memo names them, are checked when decided.
-        self.recalled = False
 
     def __repr__(self) -> str:
         members = [e.id for e in self._entries] if self._entries is not None else "not made"

@@ -153,7 +153,8 @@ def decide_component(
     component.texts = current
     # Kept if the files did not change while it was decided, nor so recently that they could again
     # within their timestamps' resolution without a new signature.
-    if key is not None and not excluded and decision_key(component, version) == key and settled(list(signatures.values())):
+    unchanged = key is not None and decision_key(component, version) == key
+    if unchanged and not excluded and settled(list(signatures.values())):
         remember(key, component, outcomes, cache)
     return outcomes, imported
 
@@ -169,7 +170,8 @@ def _files_as_found(component: Component) -> dict[int, str]:
         found = find_file(path, component.targets[path].module)
         if found is None:
             why = f"{path} not found in the installed torch"
-            gone.update((id(e), why) for e in component.entries if e.state == PatchState.PENDING and path in {t.path for t in e.targets})
+            pending = [e for e in component.entries if e.state == PatchState.PENDING]
+            gone.update((id(e), why) for e in pending if path in {t.path for t in e.targets})
         elif found != file:
             component.files[path] = found
     return gone

@@ -128,14 +128,14 @@ def _possible(outcome: Outcome, component: Component) -> bool:
     if outcome.state != PatchState.APPLIED:
         return not outcome.paths
     variant = outcome.variant
-    return variant is not None and bool(outcome.paths) and outcome.paths <= set(variant.python_paths) & component.targets.keys()
+    if variant is None or not outcome.paths:
+        return False
+    return outcome.paths <= set(variant.python_paths) & component.targets.keys()
 
 
 def _plans_fit(component: Component, outcomes: dict[int, Outcome], plans: dict[str, ModulePlan]) -> bool:
     """Whether ``plans`` are those the decision makes: one per module an applied patch changes,
     each running the code compiled for that module and file from exactly those patches, in order."""
-    from .modcode import module_code_key_fits
-
     changing: dict[str, list[str]] = {}
     for entry in component.entries:  # series order
         outcome = outcomes.get(id(entry))
@@ -144,6 +144,10 @@ def _plans_fit(component: Component, outcomes: dict[int, Outcome], plans: dict[s
                 changing.setdefault(component.targets[path].module, []).append(entry.id)
     if changing.keys() != plans.keys():
         return False
+    if not plans:  # every patch settled otherwise (upstream, drift): no code to check, nor modcode to import
+        return True
+    from .modcode import module_code_key_fits
+
     return all(
         plan.target.module == name
         and [e.id for e in plan.entries] == changing[name]

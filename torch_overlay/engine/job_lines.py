@@ -41,7 +41,8 @@ def late_warning(lost: list[Entry]) -> str:
     return (
         f"torch_overlay: {len(lost)} fix{'' if len(lost) == 1 else 'es'} lost, {LATE}: {', '.join(modules)} {were} "
         f"imported before torch_overlay, so torch is left unpatched for {', '.join(e.id for e in lost)} "
-        f"(`python -m torch_overlay status` says why for each). To keep {'it' if len(lost) == 1 else 'them'}, {LATE_REMEDY}."
+        f"(`python -m torch_overlay status` says why for each). "
+        f"To keep {'it' if len(lost) == 1 else 'them'}, {LATE_REMEDY}."
     )
 
 

@@ -150,7 +150,9 @@ def compile_module(
 def _compiled_for(filename: str, pids: list[str]) -> Callable[[object], bool]:
     """The check of a cache entry of :func:`compile_module`: its shape, and code compiled from
     ``filename`` for exactly the patches ``pids`` (an entry made for another file is not run)."""
-    return lambda value: _is_module_code(value) and value[0].co_filename == filename and list(value[1]) == pids  # type: ignore[index]
+    return lambda value: (
+        _is_module_code(value) and value[0].co_filename == filename and list(value[1]) == pids  # type: ignore[index]
+    )
 
 
 def module_code_key_fits(key: str, module_name: str, file: Path, pids: list[str]) -> bool:
