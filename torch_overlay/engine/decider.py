@@ -52,14 +52,15 @@ def decide_component(
     committed for imported modules are on each entry's ``plans``.
     """
     imported = {t.module for t in component.targets.values() if t.module in sys.modules and t.module != importing}
-    # A patch made only now (a recalled activation) that could not be: it fails alone, as at activation.
-    malformed = {
+    # A patch made only now (a recalled activation) that could not be, or whose file this process
+    # does not find: it fails alone, as at activation.
+    failed_early = {
         id(e): f"malformed patch: {e.patch.error}" for e in component.entries if e.state == PatchState.PENDING and e.patch.error
     }
     if component.recalled:
-        malformed = {**_files_as_found(component), **malformed}
+        failed_early = {**_files_as_found(component), **failed_early}
     key = None
-    if not imported and not malformed and cache.usable:  # nothing to swap: the decision may be recalled, or kept
+    if not imported and not failed_early and cache.usable:  # nothing to swap: the decision may be recalled, or kept
         key = decision_key(component, version)
         recalled = recall(key, component, cache)
         if recalled is not None:
@@ -72,8 +73,8 @@ def decide_component(
 
     signatures = {path: file_signature(file) for path, file in component.files.items()}
     texts = {path: file.read_text(encoding="utf-8") for path, file in component.files.items()}
-    excluded: dict[int, str] = dict(malformed)
-    pending = [e.patch for e in component.entries if e.state == PatchState.PENDING and id(e) not in malformed]
+    excluded: dict[int, str] = dict(failed_early)
+    pending = [e.patch for e in component.entries if e.state == PatchState.PENDING and id(e) not in failed_early]
     tried: Tried = {}  # each reverse diff is tried once over these texts, here or by decide
     carried = carried_stack(pending, version, texts, python_only=True, tried=tried)
     while True:
