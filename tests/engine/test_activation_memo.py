@@ -4,7 +4,9 @@ and only for the series, torch and switches it was worked out for."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -127,34 +129,41 @@ def test_a_memo_that_does_not_fit_is_not_replayed(series, config) -> None:
     patches = read_series(sandbox.patches, lazy=True)
     entries = [Entry(p) for p in patches]
     components = activation_memo.settle_and_group(entries, None, config(), CodeCache(None), _settle)
-    memo = activation_memo.record(entries, components)
+    memo = activation_memo.record(entries, components, set())
     by_id = {p.id: p for p in patches}
     settled: list[tuple] = []
     roster = activation_memo.replay(memo, by_id.__getitem__, lambda *s: settled.append(s))
     assert roster is not None  # the control: the memo as recorded fits
     assert [e.id for e in roster.every()] == ["fix", "later", "other"]
     assert [(e.id, str(state)) for e, state, _ in settled] == [("later", "not needed")]
-    _, ids, settled_rows, grouped = memo
+    _, ids, settled_rows, grouped, missing = memo
     first, second = grouped  # ((0,), (("torch/a.py",),), files), ((2,), ...)
     x = (("torch/x.py", "torch.x", str(sandbox.patches / "series")),)  # a file that exists
-    control = (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/x.py",),), x), second))
+    first_name = sandbox.modules[0].split(".")[1]
+    control = (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/x.py",),), x), second), missing)
     assert activation_memo.replay(control, by_id.__getitem__, lambda *s: None) is not None
     broken = [
-        (activation_memo.KIND, ids, ((1, "no such state", "x"),), grouped),
-        (activation_memo.KIND, ids, settled_rows, ((((0, 7), ((),), ()),), second)),  # a member out of range
-        (activation_memo.KIND, ids, settled_rows, (((0,), ((), ()), x), second)),
-        (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/y.py",),), x), second)),  # not its files
-        (activation_memo.KIND, ids, settled_rows, (((0,), ((),), x), second)),  # a member that changes nothing
-        (activation_memo.KIND, ids, settled_rows, (((0,), ("torch/x.py",), x), second)),  # not a tuple of paths
-        (activation_memo.KIND, ids, ((1, "upstream", 3),), grouped),
-        (activation_memo.KIND, ids, ((-2, "upstream", "x"),), grouped),  # a list takes -2 too
-        (activation_memo.KIND, ids, ((True, "upstream", "x"),), grouped),  # True == 1
-        (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/x.py",),), (("torch/x.py", "torch.x", 3),)), second)),  # fd 3
-        (activation_memo.KIND, ids, settled_rows, (((-3,), (("torch/x.py",),), x), second)),
-        (activation_memo.KIND, ids, settled_rows, (first,)),  # a position in no component
-        (activation_memo.KIND, ids, settled_rows, (first, first, second)),  # one in two
-        (activation_memo.KIND, ids, ((0, "upstream", "x"),) + settled_rows, grouped),  # settled and grouped
-        (activation_memo.KIND, ("fix", 2, "other"), settled_rows, grouped),  # an id not a string
+        (activation_memo.KIND, ids, ((1, "no such state", "x"),), grouped, missing),
+        (activation_memo.KIND, ids, settled_rows, ((((0, 7), ((),), ()),), second), missing),  # a member out of range
+        (activation_memo.KIND, ids, settled_rows, (((0,), ((), ()), x), second), missing),
+        (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/y.py",),), x), second), missing),  # not its files
+        (activation_memo.KIND, ids, settled_rows, (((0,), ((),), x), second), missing),  # a member that changes nothing
+        (activation_memo.KIND, ids, settled_rows, (((0,), ("torch/x.py",), x), second), missing),  # not a tuple of paths
+        (activation_memo.KIND, ids, ((1, "upstream", 3),), grouped, missing),
+        (activation_memo.KIND, ids, ((-2, "upstream", "x"),), grouped, missing),  # a list takes -2 too
+        (activation_memo.KIND, ids, ((True, "upstream", "x"),), grouped, missing),  # True == 1
+        (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/x.py",),), (("torch/x.py", "torch.x", 3),)), second), missing),
+        (activation_memo.KIND, ids, settled_rows, (((-3,), (("torch/x.py",),), x), second), missing),
+        (activation_memo.KIND, ids, settled_rows, (first,), missing),  # a position in no component
+        (activation_memo.KIND, ids, settled_rows, (first, first, second), missing),  # one in two
+        (activation_memo.KIND, ids, ((0, "upstream", "x"),) + settled_rows, grouped, missing),  # settled and grouped
+        (activation_memo.KIND, ("fix", 2, "other"), settled_rows, grouped, missing),  # an id not a string
+        (activation_memo.KIND, ids, ((1, "applied", "x"),), grouped, missing),  # activation applies nothing
+        (activation_memo.KIND, ids, ((1, "pending", "x"),), grouped, missing),
+        (activation_memo.KIND, ids, settled_rows, grouped, (("torch/x.py",),)),  # a lookup not (path, module)
+        (activation_memo.KIND, ids, settled_rows, grouped, ((1, "torch.x"),)),
+        # A file not found then that is found now: activation runs again.
+        (activation_memo.KIND, ids, settled_rows, grouped, ((f"torch/{first_name}.py", sandbox.modules[0]),)),
     ]
     for poison in broken:
         assert activation_memo.replay(poison, by_id.__getitem__, lambda *s: pytest.fail("settled")) is None, poison
@@ -298,3 +307,31 @@ def test_rows_not_believed_and_a_series_edited_since_fail_the_patch(series, conf
     edited.write_text(edited.read_text().replace("Test fixture.", "Edited since."))
     with pytest.warns(OverlayWarning, match="patch other failed: .*as this process read it"):
         assert importlib.import_module(other).answer() == 7
+
+
+def _status(env: dict[str, str], before: str = "") -> tuple[dict[str, tuple[str, str]], int]:
+    """Each patch's (state, reason) and the exit status of ``status --lazy --json``, in a new process
+    (``before``: code it runs first)."""
+    code = f"{before}\nimport sys\nfrom torch_overlay.cli.main import main\nsys.exit(main(['status', '--lazy', '--json']))"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.stdout.startswith("{"), proc.stderr[-3000:]
+    rows = json.loads(proc.stdout)["patches"]
+    return {r["id"]: (r["state"], r["reason"]) for r in rows}, proc.returncode
+
+
+def test_a_file_one_process_did_not_find_is_looked_up_again_by_the_next(tmp_path) -> None:
+    """A process that stubs a torch package in sys.modules before the overlay finds no file of its
+    patches; a later process on the same cache finds them, and says what it finds."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY_")}
+    env["PYTHONPATH"] = str(REPO)
+    control, control_rc = _status({**env, "TORCH_OVERLAY_CACHE_DIR": str(tmp_path / "control")})
+    targets = {p.id: p.targets[0].module for p in read_series(REPO / "patches", lazy=True)}
+    pid = next(p for p, (state, _) in control.items() if state == "pending" and targets[p].count(".") >= 2)
+    state, package = control[pid][0], targets[pid].rpartition(".")[0]  # torch.distributed.nn, say
+    env["TORCH_OVERLAY_CACHE_DIR"] = str(tmp_path / "cache")
+    stub = f"import sys, types\nsys.modules[{package!r}] = stub = types.ModuleType({package!r})\nstub.__path__ = []"
+    stubbed, _ = _status(env, stub)
+    assert stubbed[pid][0] == "failed" and "not found in the installed torch" in stubbed[pid][1]  # true of that process
+    later, later_rc = _status(env)
+    assert (later[pid][0], later_rc) == (state, control_rc), later[pid]
+    assert later == control

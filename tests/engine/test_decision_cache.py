@@ -131,3 +131,124 @@ def test_a_decision_with_swapped_code_is_not_kept(two_modules, config, overlays,
     two = _new_process(overlays, config, tmp_path, one, [first])
     importlib.import_module(first)
     assert not _component(two, first).remembered
+
+
+def _record(overlay, name):
+    """The decision record stored for the component of ``name`` and its key."""
+    from torch_overlay.engine.decision_cache import _is_record, decision_key
+    from torch_overlay.series.versions import torch_version
+
+    component = _component(overlay, name)
+    key = decision_key(component, torch_version())
+    return key, overlay._cache.load(key, _is_record)[0]
+
+
+def test_a_record_that_says_what_no_decision_can_is_not_believed(two_modules, config, overlays, tmp_path):
+    first, second, second_file = two_modules
+    one = _new_process(overlays, config, tmp_path, None, [first, second])
+    importlib.import_module(first)
+    key, (entries, modules) = _record(one, first)
+    ((pid, state, reason, variant, paths),) = entries
+    (module_a, module_b) = sorted(modules)
+    lies = [
+        ([(pid, state, reason, variant, [])], []),  # applied, changing nothing: "applied" with no code
+        ([(pid, state, reason, variant, paths)], [module_a]),  # a module it changes runs its own code
+        ([(pid, state, reason, "", paths)], modules),  # applied with no variant
+        ([(pid, "pending", reason, variant, paths)], modules),
+        ([], modules),  # the patch left undecided
+        ([(pid, state, reason, variant, paths)], [(module_a[0], *module_b[1:])]),  # another file's code
+        ([(pid, state, reason, variant, paths)], [(*module_a[:2], module_b[2], module_a[3]), module_b]),
+        ([(pid, state, reason, variant, paths)], [(*module_a[:3], []), module_b]),  # code of no patch
+    ]
+    previous = one
+    for entries_, modules_ in lies:
+        one._cache.store(key, (entries_, modules_))
+        two = _new_process(overlays, config, tmp_path, previous, [first, second])
+        assert importlib.import_module(first).answer() == 42, (entries_, modules_)
+        assert not _component(two, first).remembered, (entries_, modules_)  # decided from the files
+        assert importlib.import_module(second).value() == 2
+        assert _state(two, "fix").state == "applied"
+        previous = two
+
+
+def test_code_compiled_for_another_file_is_not_run(two_modules, config, overlays, tmp_path):
+    first, second, second_file = two_modules
+    one = _new_process(overlays, config, tmp_path, None, [first, second])
+    importlib.import_module(first)
+    _, (_, modules) = _record(one, first)
+    keys = {name: code_key for name, _, code_key, _ in modules}
+    # The entry of the second module's code holds the first module's: right shape, wrong file.
+    from torch_overlay.engine.modcode import _is_module_code
+
+    first_code = one._cache.load(keys[first], _is_module_code)[0]
+    one._cache.store(keys[second], first_code)
+    two = _new_process(overlays, config, tmp_path, one, [first, second])
+    importlib.import_module(first)
+    assert _component(two, first).remembered
+    assert importlib.import_module(second).value() == 2  # built again from its own file
+    assert _state(two, "fix").state == "applied"
+
+
+def test_a_memo_that_names_another_file_is_checked_when_decided(two_modules, sandbox, config, overlays, tmp_path):
+    """The activation memo says which file a component changes: the decision changes the file this
+    process finds, whatever the memo names."""
+    from torch_overlay.engine import activation_memo, series_index
+    from torch_overlay.series.versions import torch_root, torch_version
+
+    first, second, second_file = two_modules
+    for file in sandbox.patches.iterdir():
+        os.utime(file, (1, 1))  # indexed: the memo is kept
+    one = _new_process(overlays, config, tmp_path, None, [])
+    cfg = one.config
+    key = activation_memo.memo_key(series_index.series_key(sandbox.patches)[0], torch_version(), str(torch_root()), cfg)
+    kind, ids, settled_rows, grouped, missing = one._cache.load(key, activation_memo._is_memo)[0]
+    ((members, paths, files),) = grouped
+    decoy = tmp_path / "decoy.py"
+    decoy.write_text(OTHER)  # what the second module's patch fits, elsewhere
+    files = tuple((p, m, str(decoy) if m == second else f) for p, m, f in files)
+    one._cache.store(key, (kind, ids, settled_rows, ((members, paths, files),), missing))
+    two = _new_process(overlays, config, tmp_path, one, [first, second])
+    assert _component(two, first).files[f"torch/{second.split('.')[-1]}.py"] == decoy  # as recalled
+    assert importlib.import_module(first).answer() == 42
+    assert _component(two, first).files[f"torch/{second.split('.')[-1]}.py"] == second_file
+    assert importlib.import_module(second).value() == 2
+    assert _state(two, "fix").state == "applied"
+
+
+def test_an_edit_in_place_that_keeps_size_and_mtime_is_decided_again(two_modules, config, overlays, tmp_path):
+    """``__pycache__`` would trust such a file; the decision's key holds the ctime, which
+    ``os.utime`` cannot set back."""
+    first, second, second_file = two_modules
+    one = _new_process(overlays, config, tmp_path, None, [first, second])
+    importlib.import_module(first)
+    before = os.stat(second_file)
+    with open(second_file, "r+") as f:  # same inode, same size
+        f.write(OTHER.replace("return 1", "return 3"))
+    os.utime(second_file, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(second_file)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    importlib.invalidate_caches()
+    two = _new_process(overlays, config, tmp_path, one, [first, second])
+    assert importlib.import_module(first).answer() == 41  # the patch no longer fits: all or nothing
+    assert not _component(two, first).remembered
+    assert _state(two, "fix").state == "drift"
+    assert importlib.import_module(second).value() == 3
+
+
+def test_a_decision_over_a_file_written_just_now_is_not_kept(two_modules, config, overlays, tmp_path, monkeypatch):
+    """On a file system with coarse timestamps, a file written within the same tick as the decision
+    could change again with the same signature: as git's racily clean entries, it is not kept."""
+    from torch_overlay.engine import decision_cache
+
+    monkeypatch.setattr(decision_cache, "RACY_NS", 2_000_000_000)
+    first, second, second_file = two_modules  # written just now
+    one = _new_process(overlays, config, tmp_path, None, [first, second])
+    importlib.import_module(first)
+    two = _new_process(overlays, config, tmp_path, one, [first, second])
+    assert importlib.import_module(first).answer() == 42
+    assert not _component(two, first).remembered
+    now = 10 * decision_cache.RACY_NS
+    monkeypatch.setattr(decision_cache.time, "time_ns", lambda: now)
+    assert decision_cache.settled([(1, 1, 1, 1), (1, 7, 1, 9)])
+    assert not decision_cache.settled([(1, 1, 1, 1), (1, 1, 1, now - 1)])  # a ctime just now: chmod, link, utime
+    assert not decision_cache.settled([(1, now - decision_cache.RACY_NS + 1, 1, 1)])

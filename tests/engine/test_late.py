@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -109,7 +110,7 @@ def test_a_shape_changing_patch_after_a_late_import_fails_whole(sandbox, config,
     mod = importlib.import_module(name)
     sandbox.series(("0001-shaped.patch", make_patch("shaped", [make_diff(path, SHAPED, SHAPED_PATCHED)])))
     overlay = overlays(config())
-    with pytest.warns(UserWarning, match="failed"):
+    with pytest.warns(UserWarning, match="lost, imported too late"):
         overlay.activate()
     st = _state(overlay, "shaped")
     assert st.state == "failed"
@@ -128,7 +129,7 @@ def test_multi_file_patch_with_one_late_module_is_all_or_nothing(sandbox, config
     )
     sandbox.series(("0001-two-files.patch", patch))
     overlay = overlays(config())
-    with pytest.warns(UserWarning, match="failed"):
+    with pytest.warns(UserWarning, match="lost, imported too late"):
         overlay.activate()
     assert _state(overlay, "two-files").state == "failed"
     assert importlib.import_module(name_b).g() == 1  # the other module runs its own code
@@ -145,7 +146,7 @@ def test_a_later_patch_is_decided_without_a_failed_one(sandbox, config, overlays
         ("0002-body.patch", make_patch("body", [make_diff(path, SHAPED, body_only)])),
     )
     overlay = overlays(config())
-    with pytest.warns(UserWarning, match="failed"):
+    with pytest.warns(UserWarning, match="lost, imported too late"):
         overlay.activate()
     assert [s.state for s in overlay.status()] == ["failed", "applied"]
     assert mod.Box().get() == 3
@@ -192,9 +193,11 @@ def test_a_patch_on_top_of_one_lost_to_a_late_import_is_lost_to_it_too(sandbox, 
     assert on_top_row.reason.startswith("imported too late: it applies on top of shaped, lost because ")
     assert f"{name} was imported before torch_overlay" in on_top_row.reason
     assert "import torch_overlay before `import torch`" in on_top_row.reason
-    texts = [str(w.message) for w in warned]
-    assert [t.split(" failed: ")[0] for t in texts] == ["torch_overlay: patch shaped", "torch_overlay: patch on-top"]
-    assert all("imported too late" in t and "drift" not in t for t in texts)
+    # One warning for both: the fixes, the module imported too early, the remedy once.
+    (text,) = [str(w.message) for w in warned]
+    assert text.startswith("torch_overlay: 2 fixes lost, imported too late: ") and "drift" not in text
+    assert f"{name} was imported before torch_overlay" in text and "shaped, on-top" in text
+    assert text.count("import torch_overlay before `import torch`") == 1
     # At the test's own line (the user's code), not at the overlay's.
     assert {(w.filename, w.lineno) for w in warned} == {(__file__, line)}
     assert not hasattr(mod.Box, "twice")
@@ -257,8 +260,68 @@ def test_a_late_import_of_torch_modules_reads_imported_too_late_never_drift(tmp_
         # status: the row and its "why:" line
         assert re.search(rf"^{re.escape(pid)}\s+failed\b", report["text"], re.M), report["text"]
         assert "why: imported too late: " in report["text"]
-        # the warning: once, at the script's `import torch_overlay` line
-        warned = [l for l in proc.stderr.splitlines() if f"torch_overlay: patch {pid} failed: imported too late" in l]
-        assert len(warned) == 1, proc.stderr[-3000:]
-        assert warned[0].startswith(f"{script}:3: OverlayWarning: ")
+    # One warning names every fix lost and the modules imported too early, at the script's
+    # `import torch_overlay` line, with the remedy once; the job's first line does not repeat them.
+    (warned,) = [l for l in proc.stderr.splitlines() if "OverlayWarning" in l]
+    assert warned.startswith(f"{script}:3: OverlayWarning: torch_overlay: {len(failed)} fixes lost, imported too late: ")
+    assert all(pid in warned for pid in failed) and "torch.distributed.fsdp._fully_shard._fsdp_state" in warned
+    assert warned.count("import torch_overlay before `import torch`") == 1
+    assert "patch " not in warned and len(warned) < 400 + 100 * len(failed)
+    (start,) = [l for l in proc.stderr.splitlines() if l.startswith("torch_overlay: torch ")]
+    assert f"{len(failed)} lost: imported too late (the warning names them)" in start
     assert "drift" not in proc.stderr
+
+
+NOISY = """\
+import warnings
+
+
+class _Deprecated:
+    def __getattribute__(self, name):
+        warnings.warn("this object is deprecated", FutureWarning)
+        return object.__getattribute__(self, name)
+
+
+deprecated = _Deprecated()
+
+
+def answer():
+    return 41
+"""
+
+
+def test_a_swap_reads_no_attribute_of_the_modules_values(sandbox, config, overlays):
+    # torch.distributed.reduce_op warns on any attribute read, ``__class__`` included (isinstance).
+    name, path = sandbox.module(NOISY)
+    mod = importlib.import_module(name)
+    sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, NOISY, NOISY.replace("41", "42"))])))
+    overlay = overlays(config())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        overlay.activate()
+    assert (_state(overlay, "fix").state, _state(overlay, "fix").mode) == ("applied", "swapped")
+    assert mod.answer() == 42
+    assert [str(w.message) for w in caught] == []
+
+
+FSDP_FIRST = """
+import json, warnings
+import torch.distributed.fsdp  # before the overlay: its modules get the late path
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import torch_overlay
+print(json.dumps([[w.category.__name__, w.filename, str(w.message)[:200]] for w in caught]))
+"""
+
+
+def test_the_late_path_on_the_installed_torch_triggers_no_warning_of_torchs(tmp_path):
+    """FSDP imported first: the only warning is the overlay's own, at the user's line; none of
+    torch's (``reduce_op`` is deprecated) and none pointing at the overlay's source."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY_") or k == "TORCH_OVERLAY_CACHE_DIR"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run([sys.executable, "-c", FSDP_FIRST], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    caught = json.loads(proc.stdout.splitlines()[-1])
+    package = str(Path(__file__).resolve().parents[2] / "torch_overlay")
+    assert [w for w in caught if w[0] != "OverlayWarning" or w[1].startswith(package)] == [], caught
+    assert [w[1] for w in caught] == ["<string>"], caught

@@ -165,3 +165,29 @@ def test_import_torch_overlay_parses_no_diff():
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     total, parsed, torch_imported = proc.stdout.split()
     assert int(total) > 0 and (parsed, torch_imported) == ("0", "False"), proc.stderr
+
+
+def test_two_patch_files_that_claim_one_id_fail_it_and_say_both(sandbox, config, overlays):
+    name, path = sandbox.module(MODULE)
+    other = PATCHED.replace("42", "43")
+    sandbox.series(
+        ("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])),
+        ("0002-fix.patch", make_patch("fix", [make_diff(path, MODULE, other)], subject="another fix")),
+    )
+    overlay = overlays(config())
+    with pytest.warns(UserWarning, match="patch fix failed: malformed patch: 0001-fix.patch and 0002-fix.patch both say"):
+        overlay.activate()
+    (row,) = overlay.status()
+    assert (row.id, row.state) == ("fix", "failed") and "0002-fix.patch" in row.reason
+    assert importlib.import_module(name).answer() == 41  # neither applied
+
+
+def test_a_variant_file_shares_its_patchs_id(sandbox, config, overlays):
+    name, path = sandbox.module(MODULE)
+    sandbox.series(
+        ("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])),
+        ("0001-fix@2.11.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)], Torch_Versions="<2.12")),
+    )
+    overlay = overlays(config())
+    overlay.activate()
+    assert [(s.id, s.state) for s in overlay.status()] == [("fix", "pending")]

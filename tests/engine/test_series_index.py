@@ -73,6 +73,28 @@ def test_a_warm_import_opens_no_patch_file(tmp_path: Path) -> None:
     assert any(p.startswith(str(tmp_path / "cache")) for p in warm)  # the index came from the cache
 
 
+def test_a_damaged_index_is_rebuilt_while_the_memo_holds(tmp_path: Path) -> None:
+    """The activation memo is recalled, the index it reads is damaged: one process reads the
+    series from its files and indexes it again; the next one opens no patch file."""
+    patches = tmp_path / "patches"
+    shutil.copytree(REPO / "patches", patches)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY")},
+        "PYTHONPATH": str(REPO),
+        "TORCH_OVERLAY_PATCHES": str(patches),
+        "TORCH_OVERLAY_CACHE_DIR": str(tmp_path / "cache"),
+        "TORCH_OVERLAY_QUIET": "1",
+    }
+    _opened(env)  # fills the index and the memo
+    entry, _ = CodeCache(tmp_path / "cache" / "code")._entry(series_key(patches)[0])
+    assert entry.is_file()
+    entry.write_bytes(entry.read_bytes()[:-7] + b"damaged")
+    damaged = _opened(env)
+    assert [p for p in damaged if p.startswith(str(patches))] != []  # the series read from its files
+    assert entry.is_file()  # and indexed again
+    assert [p for p in _opened(env) if p.startswith(str(patches))] == []
+
+
 @pytest.fixture
 def indexed(sandbox):
     """A one-patch series, dated back so that it is indexed, and a code cache."""

@@ -13,16 +13,23 @@ warm import costs little more per patch file than its ``stat``, whatever the len
 A memo that is not exactly the expected shape is ignored and activation runs again (and stores a
 new one). The series index is read when a patch is first made, and believed only if it names the
 memo's patches in order; otherwise the patches are read from the files.
+
+Only what the series, the release and the files on disk decide is believed from a memo, never what
+one process happened to see: a file that activation did not find is looked up again by every
+process that recalls the memo (found now, the memo is not replayed), a memo never says a patch is
+applied or pending, and each file it names for a component is checked against the file this
+process finds when the component is decided (:func:`~.decider.decide_component`).
 """
 
 from __future__ import annotations
 
 import os
 from itertools import chain
+from operator import itemgetter
 from typing import Any, TYPE_CHECKING
 
 from .._state import PatchState, Target
-from ..series.versions import torch_root, torch_version
+from ..series.versions import find_file, torch_root, torch_version
 from .components import Component, Entry, group_components
 from .roster import Roster
 from .series_index import IndexedPatches
@@ -38,7 +45,10 @@ if TYPE_CHECKING:
 __all__ = ["memo_key", "recall", "record", "replay", "settle_and_group"]
 
 # Bump when the memo's shape, or what activation derives from the series, changes.
-KIND = "activation memo 2"
+KIND = "activation memo 3"
+# What activation settles a patch to: a memo saying anything else (applied, pending) is not believed.
+_SETTLED = frozenset(PatchState) - {PatchState.APPLIED, PatchState.PENDING}
+_STATE = itemgetter(1)
 
 
 def recall(
@@ -79,10 +89,11 @@ def settle_and_group(
         settled = _settled_without_files(entry, config)
         if settled is not None:
             settle(entry, *settled)
-    components = group_components(entries, torch_version(), settle)
+    missing: set[tuple[str, str]] = set()
+    components = group_components(entries, torch_version(), settle, missing)
     if series_key is not None:
         key = memo_key(series_key, torch_version(), str(torch_root()), config)
-        cache.store(key, record(entries, components))
+        cache.store(key, record(entries, components, missing))
     return components
 
 
@@ -107,9 +118,10 @@ def memo_key(series_key: str, version: str, root: str, config: Config) -> str:
     return "\0".join((KIND, series_key, version, root, *switches))
 
 
-def record(entries: list[Entry], components: list[Component]) -> tuple[Any, ...]:
-    """What activation made of ``entries``, marshal-native: the settled patches' states, and the
-    components (their members by position, each member's files, each file's module and path)."""
+def record(entries: list[Entry], components: list[Component], missing: set[tuple[str, str]]) -> tuple[Any, ...]:
+    """What activation made of ``entries``, marshal-native: the settled patches' states, the
+    components (their members by position, each member's files, each file's module and path), and
+    the (path, module) of each file ``missing`` (looked up again by every process that recalls it)."""
     position = {id(e): i for i, e in enumerate(entries)}
     settled = tuple((i, str(e.state), e.reason) for i, e in enumerate(entries) if e.state != PatchState.PENDING)
     grouped = tuple(
@@ -120,11 +132,11 @@ def record(entries: list[Entry], components: list[Component]) -> tuple[Any, ...]
         )
         for c in components
     )
-    return KIND, tuple(e.id for e in entries), settled, grouped
+    return KIND, tuple(e.id for e in entries), settled, grouped, tuple(sorted(missing))
 
 
 def _is_memo(value: Any) -> bool:
-    if not (type(value) is tuple and len(value) == 4 and value[0] == KIND):
+    if not (type(value) is tuple and len(value) == 5 and value[0] == KIND):
         return False
     return all(type(part) is tuple for part in value[1:])
 
@@ -139,9 +151,15 @@ def replay(
     The members of a component are made when it is first used: here they are only checked, at C
     speed (a warm import pays little per patch whose modules it never imports).
     """
-    _, ids, settled, grouped = memo
+    _, ids, settled, grouped, missing = memo
     try:
         if not set(map(type, ids)) <= {str}:
+            return None
+        if not all(type(row) is tuple and len(row) == 2 and type(row[0]) is type(row[1]) is str for row in missing):
+            return None
+        # A file not found then (gone a moment, or hidden by a package stubbed in sys.modules) may
+        # be found now: then this process activates again. One lookup per such file, none usually.
+        if any(find_file(path, module) is not None for path, module in missing):
             return None
         # Every position is settled or in exactly one component (a bool or negative one is not a position).
         positions = [i for i, _, _ in settled]
@@ -149,7 +167,7 @@ def replay(
         if set(map(type, positions)) - {int} or sorted(positions) != list(range(len(ids))):
             return None
         states = [(i, PatchState(state), reason) for i, state, reason in settled]
-        if any(type(reason) is not str for _, _, reason in states):
+        if any(type(reason) is not str for _, _, reason in states) or not _SETTLED.issuperset(map(_STATE, states)):
             return None
         slots: list[Entry | None] = [None] * len(ids)
         components = []
@@ -167,7 +185,9 @@ def replay(
             if not all(map(os.path.isfile, [file for _, _, file in files])):
                 return None
             make = _members(ids, slots, source, members, paths, targets)
-            components.append(Component(make, {path: file for path, _, file in files}, targets))
+            component = Component(make, {path: file for path, _, file in files}, targets)
+            component.recalled = True  # its files are checked against those found when it is decided
+            components.append(component)
     except (TypeError, ValueError, IndexError, KeyError):
         return None
     for i, state, reason in states:

@@ -239,9 +239,15 @@ def _compile_patched_cached(
 ) -> tuple[types.CodeType, list[tuple[types.CodeType, list[str], int]]]:
     """:func:`_compile_patched`, memoized on disk (parsing is the slow part)."""
     key = "\0".join(("swap", sys.version, module_name, filename, old_source, new_source))
-    return cache.load_or_build(
-        key, lambda: _compile_patched(module_name, old_source, new_source, filename), _is_compiled_patch
-    )
+
+    def check(value: object) -> bool:
+        # Code compiled for another module's file is not believed (the key names the file; so must the code).
+        if not _is_compiled_patch(value):
+            return False
+        code, added = value  # type: ignore[misc]
+        return {c.co_filename for c in [code, *(a[0] for a in added)]} == {filename}
+
+    return cache.load_or_build(key, lambda: _compile_patched(module_name, old_source, new_source, filename), check)
 
 
 def plan_swap(
@@ -297,8 +303,10 @@ def plan_swap(
     if swapped:
         lru_wrapper = type(functools.lru_cache(maxsize=None)(lambda: None))
         ids = {id(fn) for fn in swapped}
+        # The class test reads no attribute of a value: isinstance() falls back to ``__class__``,
+        # which a deprecated object of the namespace answers with a warning (torch.distributed.reduce_op).
         scopes = [namespace] + [
-            vars(v) for v in namespace.values() if isinstance(v, type) and v.__module__ == module.__name__
+            vars(v) for v in namespace.values() if issubclass(type(v), type) and v.__module__ == module.__name__
         ]
         plan.caches = [
             w

@@ -98,7 +98,7 @@ class ModulePlan:
         self,
         target: Target,
         file: Path,
-        signature: tuple[int, int, int],  # the file's (size, mtime, inode) when the component was decided
+        signature: tuple[int, int, int, int],  # the file's (size, mtime, inode, ctime) when the component was decided
         steps: list[tuple[str, str]] | None = None,  # (patch id, text after it)
         entries: list[Entry] | None = None,
         code: ModuleCode | None = None,
@@ -127,6 +127,10 @@ class ModulePlan:
 
 class Component:
     """Patches that share a file, transitively: decided as one (compared by identity)."""
+
+    # Made by a recalled activation: its files, as the memo names them, are checked when decided
+    # (set on those only: a warm import makes every component).
+    recalled = False
 
     def __init__(
         self,
@@ -168,13 +172,17 @@ class Component:
 
 
 def group_components(
-    entries: list[Entry], version: str, settle: Callable[[Entry, PatchState, str], None]
+    entries: list[Entry],
+    version: str,
+    settle: Callable[[Entry, PatchState, str], None],
+    missing: set[tuple[str, str]] | None = None,
 ) -> list[Component]:
     """The components of the pending ``entries``, in series order.
 
     A patch keeps the variants written for torch ``version`` whose files all exist in it; with
     none, ``settle`` gives it its final state (``failed``, or ``drift`` when no variant is written
-    for this torch).
+    for this torch). ``missing`` gets the (path, module) of each file looked up in vain: what a
+    recalled activation looks up again (:mod:`.activation_memo`).
     """
     from ..series.decide import decide, fitting_variants  # here: a remembered activation groups nothing
 
@@ -189,12 +197,15 @@ def group_components(
         for variant in fitting:
             for path in variant.python_paths:
                 if path not in files:
-                    files[path] = find_file(path, Target.from_path(path).module)
+                    module = Target.from_path(path).module
+                    files[path] = find_file(path, module)
+                    if files[path] is None and missing is not None:
+                        missing.add((path, module))
         present = [v for v in fitting if all(files[p] is not None for p in v.python_paths)]
         entry.targets = list(dict.fromkeys(Target.from_path(p) for v in present for p in v.python_paths))
         if not present:
-            missing = sorted({p for v in fitting for p in v.python_paths if files[p] is None})
-            settle(entry, PatchState.FAILED, f"{', '.join(missing)} not found in the installed torch")
+            absent = sorted({p for v in fitting for p in v.python_paths if files[p] is None})
+            settle(entry, PatchState.FAILED, f"{', '.join(absent)} not found in the installed torch")
     active = [e for e in active if e.state == PatchState.PENDING]
     # Union of entries that share a path (union-find over series positions: linear in the series).
     parent = list(range(len(active)))

@@ -16,7 +16,8 @@ from .._state import PatchState
 from ..series.patchfile import PatchParseError
 from .codecache import CodeCache
 from .components import Component, Entry, ModulePlan
-from .decision_cache import decision_key, file_signature, recall, remember
+from .decision_cache import decision_key, file_signature, recall, remember, settled
+from .job_lines import LATE_REMEDY
 from .outcome import Outcome
 
 if TYPE_CHECKING:
@@ -35,10 +36,6 @@ __all__ = [
 
 # A patch lost because its module ran before the overlay: "imported too late" with the remedy,
 # never drift (drift tells the user that torch changed and the fix is no longer to be trusted).
-LATE_REMEDY = (
-    "import torch_overlay before `import torch` (which imports some patched modules itself), or start "
-    "the job with torch-overlay-run"
-)
 LATE_IMPORT = "imported too late: {module} was imported before torch_overlay: {why}; " + LATE_REMEDY
 LATE_DEPENDENT = (
     "imported too late: it applies on top of {earlier}, lost because {module} was imported before "
@@ -55,12 +52,15 @@ def decide_component(
     committed for imported modules are on each entry's ``plans``.
     """
     imported = {t.module for t in component.targets.values() if t.module in sys.modules and t.module != importing}
-    # A patch made only now (a recalled activation) that could not be: it fails alone, as at activation.
-    malformed = {
+    # A patch made only now (a recalled activation) that could not be, or whose file this process
+    # does not find: it fails alone, as at activation.
+    failed_early = {
         id(e): f"malformed patch: {e.patch.error}" for e in component.entries if e.state == PatchState.PENDING and e.patch.error
     }
+    if component.recalled:
+        failed_early = {**_files_as_found(component), **failed_early}
     key = None
-    if not imported and not malformed and cache.usable:  # nothing to swap: the decision may be recalled, or kept
+    if not imported and not failed_early and cache.usable:  # nothing to swap: the decision may be recalled, or kept
         key = decision_key(component, version)
         recalled = recall(key, component, cache)
         if recalled is not None:
@@ -73,8 +73,8 @@ def decide_component(
 
     signatures = {path: file_signature(file) for path, file in component.files.items()}
     texts = {path: file.read_text(encoding="utf-8") for path, file in component.files.items()}
-    excluded: dict[int, str] = dict(malformed)
-    pending = [e.patch for e in component.entries if e.state == PatchState.PENDING and id(e) not in malformed]
+    excluded: dict[int, str] = dict(failed_early)
+    pending = [e.patch for e in component.entries if e.state == PatchState.PENDING and id(e) not in failed_early]
     tried: Tried = {}  # each reverse diff is tried once over these texts, here or by decide
     carried = carried_stack(pending, version, texts, python_only=True, tried=tried)
     while True:
@@ -152,9 +152,30 @@ def decide_component(
     component.decided = True
     component.modules = {name: plan for name, plan in modules.items() if plan.steps}
     component.texts = current
-    if key is not None and not excluded and decision_key(component, version) == key:
-        remember(key, component, outcomes, cache)  # the files did not change while it was decided
+    # Kept if the files did not change while it was decided, nor so recently that they could again
+    # within their timestamps' resolution without a new signature.
+    unchanged = key is not None and decision_key(component, version) == key
+    if unchanged and not excluded and settled(list(signatures.values())):
+        remember(key, component, outcomes, cache)
     return outcomes, imported
+
+
+def _files_as_found(component: Component) -> dict[int, str]:
+    """Make a recalled component's files those this process finds (the activation memo named them,
+    and a memo is not believed about a file); the reason of each pending entry whose file is gone."""
+    from ..series.versions import find_file
+
+    component.recalled = False
+    gone: dict[int, str] = {}
+    for path, file in component.files.items():
+        found = find_file(path, component.targets[path].module)
+        if found is None:
+            why = f"{path} not found in the installed torch"
+            pending = [e for e in component.entries if e.state == PatchState.PENDING]
+            gone.update((id(e), why) for e in pending if path in {t.path for t in e.targets})
+        elif found != file:
+            component.files[path] = found
+    return gone
 
 
 def _compile_and_commit(

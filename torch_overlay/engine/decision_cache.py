@@ -4,17 +4,26 @@ Deciding a component reads, patches and hashes every file it changes (on torch 2
 ``_inductor/lowering.py`` and ``ir.py``, decided during ``import torch`` because a patch also
 changes ``_meta_registrations``). A decision taken before any of the component's modules was
 imported depends only on this Python, the torch version, the texts of its patches and its files;
-it is stored in the code cache under a key made of those (a file by its size, mtime and inode, as
-``__pycache__`` does). A later process with the same key takes each entry's outcome from the record,
-and each module's compiled code from the code cache when that module is imported: the files are
-neither read nor hashed. A decision with swapped code (a module imported before the overlay) is
-never stored or recalled.
+it is stored in the code cache under a key made of those (a file by its size, mtime, inode and
+ctime: ``__pycache__`` trusts size and mtime; the ctime, which nobody can set back, also sees an
+in-place rewrite whose mtime was put back with ``os.utime``). A later process with the same key
+takes each entry's outcome from the record, and each module's compiled code from the code cache when
+that module is imported: the files are neither read nor hashed. A decision with swapped code (a
+module imported before the overlay) is never stored or recalled, nor one taken while a file's
+mtime or ctime is within ``RACY_NS`` of now (a file system with coarse timestamps could rewrite it
+within the same tick, its signature unchanged: git's "racily clean" entries).
+
+A record is believed only if it says what a decision of this component can: every pending patch
+has an outcome, an applied one names a variant of its patch and files of the component, and each
+module's code is the code cache entry compiled for that module, from that file, for exactly the
+applied patches that change it, in series order (:func:`recall`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
@@ -26,15 +35,24 @@ if TYPE_CHECKING:
     from .codecache import CodeCache
     from .components import Component
 
-__all__ = ["decision_key", "file_signature", "recall", "remember"]
+__all__ = ["decision_key", "file_signature", "recall", "remember", "settled"]
 
-KIND = "component decision 1"
+KIND = "component decision 2"
+# As the series index's (engine/series_index.py): a file written this recently may change again
+# within its file system's timestamp resolution without its signature changing.
+RACY_NS = 2_000_000_000
 
 
-def file_signature(file: Path) -> tuple[int, int, int]:
-    """(size, mtime in ns, inode) of ``file``: a rewrite changes at least one of them."""
+def file_signature(file: Path) -> tuple[int, int, int, int]:
+    """(size, mtime in ns, inode, ctime in ns) of ``file``: a rewrite changes at least one of them."""
     st = os.stat(file)
-    return st.st_size, st.st_mtime_ns, st.st_ino
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
+
+
+def settled(signatures: list[tuple[int, int, int, int]]) -> bool:
+    """Whether no file of ``signatures`` was written or changed within ``RACY_NS`` of now."""
+    now = time.time_ns()
+    return all(abs(now - t) >= RACY_NS for _, mtime, _, ctime in signatures for t in (mtime, ctime))
 
 
 def decision_key(component: Component, version: str) -> str:
@@ -81,7 +99,12 @@ def recall(key: str, component: Component, cache: CodeCache) -> dict[int, Outcom
         for pid, state, reason, variant_name, paths in entries:
             entry = by_id[pid]
             variant = next((v for v in entry.patch.variants if v.name == variant_name), None)
-            outcomes[id(entry)] = Outcome(PatchState(state), reason, variant, set(paths))
+            outcome = Outcome(PatchState(state), reason, variant, set(paths))
+            if id(entry) in outcomes or entry.state != PatchState.PENDING or not _possible(outcome, component):
+                return None
+            outcomes[id(entry)] = outcome
+        if len(outcomes) != len([e for e in component.entries if e.state == PatchState.PENDING]):
+            return None
         plans = {}
         for name, path, code_key, pids in modules:
             file = component.files[path]
@@ -90,6 +113,44 @@ def recall(key: str, component: Component, cache: CodeCache) -> dict[int, Outcom
             plans[name] = plan
     except (KeyError, ValueError, TypeError, OSError):
         return None  # a record that does not fit this series: decide again
+    if not _plans_fit(component, outcomes, plans):
+        return None
     component.modules = plans
     component.remembered = True
     return outcomes
+
+
+def _possible(outcome: Outcome, component: Component) -> bool:
+    """Whether a decision of ``component`` can have ``outcome``: applied, with a variant of its
+    patch and some of the component's files that variant changes; otherwise no file at all."""
+    if type(outcome.reason) is not str or outcome.state == PatchState.PENDING:
+        return False
+    if outcome.state != PatchState.APPLIED:
+        return not outcome.paths
+    variant = outcome.variant
+    if variant is None or not outcome.paths:
+        return False
+    return outcome.paths <= set(variant.python_paths) & component.targets.keys()
+
+
+def _plans_fit(component: Component, outcomes: dict[int, Outcome], plans: dict[str, ModulePlan]) -> bool:
+    """Whether ``plans`` are those the decision makes: one per module an applied patch changes,
+    each running the code compiled for that module and file from exactly those patches, in order."""
+    changing: dict[str, list[str]] = {}
+    for entry in component.entries:  # series order
+        outcome = outcomes.get(id(entry))
+        if outcome is not None and outcome.state == PatchState.APPLIED:
+            for path in outcome.paths:
+                changing.setdefault(component.targets[path].module, []).append(entry.id)
+    if changing.keys() != plans.keys():
+        return False
+    if not plans:  # every patch settled otherwise (upstream, drift): no code to check, nor modcode to import
+        return True
+    from .modcode import module_code_key_fits
+
+    return all(
+        plan.target.module == name
+        and [e.id for e in plan.entries] == changing[name]
+        and module_code_key_fits(plan.code_key, name, plan.file, changing[name])
+        for name, plan in plans.items()
+    )

@@ -1,5 +1,6 @@
 """The lines a job prints about the overlay: which torch and how many fixes when torch is first
-imported, which fixes were applied at exit, and the INFO summary (engine/overlay.py says them)."""
+imported, which fixes were applied at exit, the INFO summary, and the one warning about fixes lost
+to modules imported before the overlay (engine/overlay.py says them)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ from collections import Counter
 from .._state import PatchState
 from .components import Entry
 
-__all__ = ["job_end_line", "job_start_line", "LATE", "summary_line"]
+__all__ = ["job_end_line", "job_start_line", "LATE", "LATE_REMEDY", "late_warning", "summary_line"]
 
 # The first words of the reason of a patch lost because its module ran before the overlay.
 LATE = "imported too late"
+LATE_REMEDY = (
+    "import torch_overlay before `import torch` (which imports some patched modules itself), or start "
+    "the job with torch-overlay-run"
+)
 
 
 def _lost(entries: list[Entry]) -> list[Entry]:
@@ -26,6 +31,19 @@ def _late_modules(entries: list[Entry]) -> list[str]:
         if words:
             out.append(words[-1])
     return list(dict.fromkeys(out))
+
+
+def late_warning(lost: list[Entry]) -> str:
+    """The one warning for the fixes ``lost`` to a late import: which, the modules imported too
+    early, and the remedy once (each patch's own reason is in ``status``)."""
+    modules = _late_modules(lost)
+    were = "was" if len(modules) == 1 else "were"
+    return (
+        f"torch_overlay: {len(lost)} fix{'' if len(lost) == 1 else 'es'} lost, {LATE}: {', '.join(modules)} {were} "
+        f"imported before torch_overlay, so torch is left unpatched for {', '.join(e.id for e in lost)} "
+        f"(`python -m torch_overlay status` says why for each). "
+        f"To keep {'it' if len(lost) == 1 else 'them'}, {LATE_REMEDY}."
+    )
 
 
 def summary_line(entries: list[Entry], version: str) -> str:
@@ -52,10 +70,7 @@ def job_start_line(entries: list[Entry], version: str, unmade: int = 0) -> str:
         + "; each applies when torch imports its module"
     )
     if lost:
-        line += (
-            f"; {len(lost)} lost: imported too late ({', '.join(_late_modules(lost))} imported before "
-            f"torch_overlay): {', '.join(e.id for e in lost)}"
-        )
+        line += f"; {len(lost)} lost: {LATE} (the warning names them)"
     return line + ". `python -m torch_overlay status` says more; TORCH_OVERLAY_QUIET=1 hides this."
 
 

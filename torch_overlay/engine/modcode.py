@@ -8,11 +8,12 @@ import hashlib
 import linecache
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 from .codecache import CodeCache
 
-__all__ = ["ModuleCode", "compile_module", "load_module_code", "MODULE_LEVEL", "TAG"]
+__all__ = ["ModuleCode", "compile_module", "load_module_code", "module_code_key_fits", "MODULE_LEVEL", "TAG"]
 
 MODULE_LEVEL = "<module>"
 
@@ -141,14 +142,34 @@ def compile_module(
         return hashlib.sha256(text.encode()).hexdigest()
 
     key = "\0".join(("module", sys.version, module_name, filename, digest(base), *(f"{p}:{digest(t)}" for p, t in steps)))
-    code, changed, text = cache.load_or_build(key, lambda: _build(module_name, filename, base, steps), _is_module_code)
+    build = lambda: _build(module_name, filename, base, steps)  # noqa: E731
+    code, changed, text = cache.load_or_build(key, build, _compiled_for(filename, [p for p, _ in steps]))
     return ModuleCode(code, changed, filename, text, key)
 
 
+def _compiled_for(filename: str, pids: list[str]) -> Callable[[object], bool]:
+    """The check of a cache entry of :func:`compile_module`: its shape, and code compiled from
+    ``filename`` for exactly the patches ``pids`` (an entry made for another file is not run)."""
+    return lambda value: (
+        _is_module_code(value) and value[0].co_filename == filename and list(value[1]) == pids  # type: ignore[index]
+    )
+
+
+def module_code_key_fits(key: str, module_name: str, file: Path, pids: list[str]) -> bool:
+    """Whether ``key`` is one :func:`compile_module` makes for ``module_name`` at ``file`` from the
+    patches ``pids``, in order (a recalled decision names it: engine/decision_cache.py)."""
+    parts = key.split("\0")
+    head = ["module", sys.version, module_name, f"{file}{TAG}"]
+    return parts[:4] == head and [p.rpartition(":")[0] for p in parts[5:]] == pids
+
+
 def load_module_code(cache: CodeCache, key: str, file: Path) -> ModuleCode | None:
-    """The code :func:`compile_module` stored under ``key``, or None when the cache lacks it."""
-    found = cache.load(key, _is_module_code)
+    """The code :func:`compile_module` stored under ``key`` for ``file``, or None when the cache
+    lacks it (or holds code compiled for another file or other patches)."""
+    filename = f"{file}{TAG}"
+    pids = [p.rpartition(":")[0] for p in key.split("\0")[5:]]
+    found = cache.load(key, _compiled_for(filename, pids))
     if found is None:
         return None
     code, changed, text = found[0]
-    return ModuleCode(code, changed, f"{file}{TAG}", text, key)
+    return ModuleCode(code, changed, filename, text, key)

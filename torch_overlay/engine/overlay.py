@@ -30,7 +30,7 @@ from .import_failures import FailedImports
 from .importhook import ImportHook
 from .other_torch import left_to_another_torch
 from .series_index import folder_key, indexed_series_and_key
-from .job_lines import job_end_line, job_start_line, LATE, summary_line
+from .job_lines import job_end_line, job_start_line, LATE, late_warning, summary_line
 from .roster import Roster
 from .voice import claim_exit_line, says, tell, warn
 
@@ -67,6 +67,7 @@ class Overlay:
         self._says_exit_line = False
         self.problems: list[str] = []  # the series or a switch could not be read as given
         self._imports = FailedImports(lambda entry, why: self._set(entry, PatchState.FAILED, why))
+        self._late: list[Entry] = []  # lost to a late import, not yet warned about (one warning for all)
 
     @property
     def _cache(self) -> CodeCache:
@@ -124,7 +125,8 @@ class Overlay:
             self._watch()
             for component in {id(c): c for c in self._by_module.values()}.values():
                 if any(t.module in sys.modules for t in component.targets.values()):
-                    self._decide(component, importing=None)
+                    self._decide(component, importing=None, warn_late=False)
+            self._warn_late()  # one warning for every component a late import cost
             self._raise_if_strict(self._roster.made())
             self._maybe_log_summary()
             if self.job_lines and self._environ is not None and claim_exit_line(self._environ):
@@ -151,8 +153,9 @@ class Overlay:
             self._hook.on_import(name, self._on_imported)
 
     # ------------------------------------------------------------ decisions
-    def _decide(self, component: Component, importing: str | None) -> None:
-        """Decide ``component`` (see :mod:`.decider`) and record each entry's outcome."""
+    def _decide(self, component: Component, importing: str | None, warn_late: bool = True) -> None:
+        """Decide ``component`` (see :mod:`.decider`) and record each entry's outcome; ``warn_late``:
+        say now what a late import cost (else the caller does, for several components at once)."""
         from .decider import decide_component
 
         outcomes, imported = decide_component(component, importing, torch_version(), self._cache)
@@ -170,6 +173,16 @@ class Overlay:
             self._update(entry)
         if any(e.swapped for e in component.entries):
             self._after_change(sorted({m for e in component.entries for m in e.swapped}))
+        if warn_late:
+            self._warn_late()
+
+    def _warn_late(self) -> None:
+        """One warning for the patches lost to a late import since the last one (rank 0 says it)."""
+        lost, self._late = self._late, []
+        if lost:
+            message = late_warning(lost)
+            if says(message, self._environ):
+                warn(message)
 
     def _update(self, entry: Entry) -> None:
         """APPLIED once every module the patch changes runs it; PENDING (decided) until then."""
@@ -280,10 +293,10 @@ class Overlay:
             if entry.warned:
                 return
             entry.warned = True
-            message = f"torch_overlay: patch {entry.id} {state}: {reason}; torch is left unpatched"
-            # A late import happens alike on every rank of a job: rank 0 says it, once.
-            if not reason.startswith(LATE) or says(message, self._environ):
-                warn(message)
+            if reason.startswith(LATE):  # said with the others it cost, once (:meth:`_warn_late`)
+                self._late.append(entry)
+                return
+            warn(f"torch_overlay: patch {entry.id} {state}: {reason}; torch is left unpatched")
         else:
             log.debug("patch %s: %s (%s)", entry.id, state, reason)
 

@@ -10,7 +10,8 @@ patch's rows, marshalled apart under its id, so that a process makes only the pa
 (:class:`IndexedPatches`). Its key is made of what ``stat`` says of each entry of the series folder
 (name, size, mtime, inode, ctime): a patch edited, added, removed or renamed changes the key, and
 the series is read again. Nothing in it is executed, and rows that are not exactly the expected
-shape are not believed: the series is read from its files.
+shape are not believed: the series is read from its files, and indexed again (also when the
+activation memo is recalled: a damaged index costs one process a read of the series, not every one).
 
 A patch's text is read only when it is needed (:class:`~..series.patchfile.PatchFile`): its hunks,
 when a component is decided; its description and ``Error:`` lines for ``status`` or a hint.
@@ -227,11 +228,18 @@ class IndexedPatches:
 
     def _from_files(self) -> dict[str, Patch]:
         """The series read from its files, if they are still those of the index key (else none:
-        a patch decided now must be the one activation was recalled for)."""
+        a patch decided now must be the one activation was recalled for); indexed again, so that
+        the next process does not read every file too."""
         try:
             if series_key(self._dir)[0] != self._key:
                 return {}
-            patches = {p.id: p for p in read_series(self._dir, lazy=True)}
-            return patches if series_key(self._dir)[0] == self._key else {}
+            patches = read_series(self._dir, lazy=True)
+            key, storable = series_key(self._dir)
+            if key != self._key:
+                return {}
         except (SeriesError, OSError, ValueError):  # it runs inside an import: never raise there
             return {}
+        inside = all(v.path.parent == self._dir for p in patches for v in p.variants)
+        if storable and inside and [p.id for p in patches] == self._ids:
+            self._cache.store(self._key, _to_index(patches))
+        return {p.id: p for p in patches}

@@ -81,6 +81,7 @@ def read_series(patches_dir: Path, *, lazy: bool = False) -> list[Patch]:
     except (OSError, UnicodeDecodeError) as exc:  # no permission, not UTF-8
         raise SeriesError(f"{series} cannot be read ({exc})") from exc
     patches: dict[str, Patch] = {}
+    mains: dict[str, str] = {}  # id -> the file that is not a variant (no `@<minor>` in its name)
     for lineno, raw in enumerate(text.splitlines(), 1):
         name = raw.split("#", 1)[0].strip()
         if not name:
@@ -100,6 +101,12 @@ def read_series(patches_dir: Path, *, lazy: bool = False) -> list[Patch]:
             continue
         patch = patches.setdefault(parsed.id, Patch(parsed.id))
         patch.variants.append(parsed)
+        if "@" not in path.name and mains.setdefault(parsed.id, name) != name:
+            # Two fixes under one id: applying either would hide the other behind its status line.
+            patch.error = (
+                f"{mains[parsed.id]} and {name} both say Overlay-Id: {parsed.id} (one id is one fix; a "
+                f"variant of it is named NNNN-{parsed.id}@<torch minor>.patch): neither is applied"
+            )
     if not patches:
         raise SeriesError(f"{series} lists no patches")
     return list(patches.values())
