@@ -112,8 +112,9 @@ def test_an_isolated_child_runs_without_the_overlay(tmp_path, flag):
 
 def _another_torch() -> Path | None:
     """The site-packages of an installed torch other than the running one, for this Python."""
+    python = f"python{sys.version_info[0]}.{sys.version_info[1]}"
     for release, installed in installed_torches().items():
-        if release != running_release() and installed.site.parent.name == f"python{sys.version_info[0]}.{sys.version_info[1]}":
+        if release != running_release() and installed.site.parent.name == python:
             return installed.site
     return None
 
