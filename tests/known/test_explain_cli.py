@@ -237,3 +237,16 @@ def test_a_closed_pipe_ends_quietly(log):
     proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env)
     assert proc.stdout.startswith("error 1 of")
     assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+
+
+def test_a_guess_only_where_the_text_points_at_the_part_of_torch_with_the_bug():
+    # "division by zero" is inductor-cpp-unbacked-parallel-depth's only with its frame; quoted alone,
+    # a guess only where the text speaks of compile (plain Python code prints it too).
+    catalogue = load_catalogue(PATCHES)
+
+    def named(text: str) -> list[tuple[str, str]]:
+        return [(m.bug.id, m.confidence) for ex in explain_log(text, catalogue, "2.13.0", env={}) for m in ex.matches]
+
+    assert named("ZeroDivisionError: division by zero\n") == []
+    guess = "torch.compile of the model fails:\nZeroDivisionError: division by zero\n"
+    assert named(guess) == [("inductor-cpp-unbacked-parallel-depth", "possibly")]

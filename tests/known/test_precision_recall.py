@@ -14,6 +14,7 @@ import torch
 
 from torch_overlay.known.catalogue import load_catalogue
 from torch_overlay.known.explain import explain_log
+from torch_overlay.known.subsystems import pointed_at
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOGUE = load_catalogue(REPO / "patches")
@@ -30,4 +31,8 @@ def test_signatures_parse_and_ids_are_unique():
 def test_looked_at_example_is_explained_as_that_report(report):
     for example in report.entry["examples"]:
         explained = explain_log(example + "\n", CATALOGUE, TORCH)
-        assert [[m.bug.id for m in ex.matches] for ex in explained] == [[report.id]], example
+        named = [[m.bug.id for m in ex.matches] for ex in explained]
+        if named == [[]]:  # a message other causes print too is a guess only where the text names its part of torch
+            assert not report.parts & pointed_at(example), example
+        else:
+            assert named == [[report.id]], example

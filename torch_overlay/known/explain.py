@@ -22,6 +22,7 @@ from ..series.versions import parse_version, SUPPORTED, version_in
 from .catalogue import Catalogue, KnownBug
 from .logparse import find_errors, LoggedError, message_only
 from .signatures import KNOWN, POSSIBLY
+from .subsystems import pointed_at
 
 __all__ = ["Explanation", "Match", "broken_on", "explain_log"]
 
@@ -193,6 +194,7 @@ def explain_log(
     if not errors:  # a message quoted without its exception class
         errors = [e for e in [message_only(text)] if e is not None]
         errors = [e for e in errors if _any_match(e, catalogue)]
+    parts = pointed_at(text)  # the paste's frames, messages and words around them
     out = []
     for error in errors:
         matched = error.as_error_text()
@@ -202,6 +204,8 @@ def explain_log(
             if not any(found):
                 continue
             confidence = KNOWN if KNOWN in found else POSSIBLY
+            if confidence == POSSIBLY and not bug.parts & parts:
+                continue  # a guess needs the text to point at the part of torch with the bug
             if bug.kind == "fix":
                 match = _fix_match(bug, torch, installed, env, job_warnings, drifted)
             else:
