@@ -198,14 +198,15 @@ def explain_log(
     out = []
     for error in errors:
         matched = error.as_error_text()
+        named = pointed_at(matched.text)  # the parts of torch the message itself names
         matches = []
         for bug in catalogue.bugs:
             found = [sig.match(matched) for sig in bug.signatures]
             if not any(found):
                 continue
             confidence = KNOWN if KNOWN in found else POSSIBLY
-            if confidence == POSSIBLY and not bug.parts & parts:
-                continue  # a guess needs the text to point at the part of torch with the bug
+            if confidence == POSSIBLY and not _points_at(bug, named, parts):
+                continue
             if bug.kind == "fix":
                 match = _fix_match(bug, torch, installed, env, job_warnings, drifted)
             else:
@@ -217,6 +218,14 @@ def explain_log(
             matches = [m for m in matches if m.confidence == KNOWN]
         out.append(Explanation(error, matches))
     return out
+
+
+def _points_at(bug: KnownBug, named: frozenset[str], parts: frozenset[str]) -> bool:
+    """Whether a guess at ``bug`` is worth giving: the text points at the parts of torch with the
+    bug that its message does not name already (a message of torch.utils.checkpoint is a bug of
+    checkpointing *under compile* only where the text speaks of compile)."""
+    unnamed = bug.parts - named
+    return not unnamed or bool(unnamed & parts)
 
 
 def _any_match(error: LoggedError, catalogue: Catalogue) -> bool:
