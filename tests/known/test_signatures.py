@@ -55,7 +55,8 @@ def test_known_or_possibly_by_what_the_error_shows():
     torch_frame = 'File "/site/torch/_functorch/partitioners.py", line 1, in f'
     assert sig.match(ErrorText("RuntimeError: was invalid", ("RuntimeError",), (torch_frame,))) is None
     # Only the user's frames (a cut traceback): the paste cannot tell.
-    assert sig.match(ErrorText("RuntimeError: was invalid", ("RuntimeError",), ('File "a.py", line 1, in f',))) == POSSIBLY
+    user_frame = 'File "a.py", line 1, in f'
+    assert sig.match(ErrorText("RuntimeError: was invalid", ("RuntimeError",), (user_frame,))) == POSSIBLY
     typed = parse_signature("was invalid | type=RuntimeError")
     assert typed.match(ErrorText("Node x was invalid")) == POSSIBLY  # pasted without its class
     assert typed.match(ErrorText("ValueError: was invalid", ("ValueError",))) is None
@@ -77,7 +78,8 @@ def test_a_frame_of_the_same_file_is_a_near_fit():
     frame = 'File "/site/torch/_functorch/partitioners.py", line 9, in {}'
     assert sig.match(ErrorText("RuntimeError: was invalid", (), (frame.format("solve_min_cut"),))) == KNOWN
     # torch renamed or moved the function: another function of the same file is possibly the bug.
-    assert sig.match(ErrorText("RuntimeError: was invalid", (), (frame.format("min_cut_rematerialization"),))) == POSSIBLY
+    renamed = frame.format("min_cut_rematerialization")
+    assert sig.match(ErrorText("RuntimeError: was invalid", (), (renamed,))) == POSSIBLY
     other = 'File "/site/torch/_inductor/graph.py", line 9, in solve'
     assert sig.match(ErrorText("RuntimeError: was invalid", (), (other,))) is None
 
@@ -93,4 +95,5 @@ def test_a_frame_of_the_same_file_is_a_near_fit():
 def test_elided_numbers_and_words_wrapped_mid_word(text):
     sig = parse_signature(r"re:fsdp\.all_gather_copy_in\.default invocation index \d+ encountered during backward")
     assert sig.matches(ErrorText(text, ("RuntimeError",)))
-    assert not sig.matches(ErrorText("RuntimeError: fsdp.all_gather_copy_in.default invocation index x encountered", ("RuntimeError",)))
+    named = "RuntimeError: fsdp.all_gather_copy_in.default invocation index x encountered"
+    assert not sig.matches(ErrorText(named, ("RuntimeError",)))

@@ -9,9 +9,10 @@ same text up to numbers are one error, seen on several ranks.
 People paste errors in other shapes than a log, and each is read as the error it shows: inside
 markdown (code fences, inline backticks, bold, ``>`` quotes, list items), behind pytest's ``E``
 prefix, doubled rank prefixes or anything before a rank prefix (a host, an IP, a timestamp), in
-quote marks or as the exception's repr (``RuntimeError('...')``), frames without their ``Traceback`` header or after the message,
-a message mid-sentence ("... crashed with: RuntimeError: ..."), an exception class that does not
-end in ``Error`` (``torch._dynamo.exc.FailOnRecompileLimitHit``), a frame line wrapped in two.
+quote marks or as the exception's repr (``RuntimeError('...')``), frames without their
+``Traceback`` header or after the message, a message mid-sentence ("... crashed with:
+RuntimeError: ..."), an exception class that does not end in ``Error``
+(``torch._dynamo.exc.FailOnRecompileLimitHit``), a frame line wrapped in two.
 """
 
 from __future__ import annotations

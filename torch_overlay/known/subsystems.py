@@ -16,7 +16,8 @@ _PARTS = {
     "compile": r"compile|[Dd]ynamo|[Ii]nductor|_functorch|aot_autograd|AOTAutograd|aot_eager|AOT|FakeTensor|"
     r"torch[/.]fx|graph break|unbacked|SymInt|torch[/.]_subclasses|autograd\.Function",
     "pipelining": r"pipelining|PipelineStage|PipelineSchedule|Schedule(?:1F1B|GPipe|Interleaved)",
-    "dcp": r"distributed[/.]checkpoint|ChunkStorageMetadata|global plan|\bDCP\b|\bdcp\b|state_dict|safetensors|optim_state",
+    "dcp": r"distributed[/.]checkpoint|ChunkStorageMetadata|global plan|\bDCP\b|\bdcp\b|state_dict|safetensors|"
+    r"optim_state",
     "checkpoint": r"utils[/.]checkpoint|CheckpointError|activation checkpoint|recompute|\bSAC\b|checkpoint_wrapper",
     "c10d": r"c10d|ProcessGroup|process group|new_group|init_process_group|TCPStore|[Nn][Cc][Cc][Ll]|[Gg]loo",
 }
