@@ -137,6 +137,43 @@ def test_exit_status_and_text_output(capsys, log, tmp_path):
     assert main(["explain", str(binary)]) == 2
 
 
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_a_device_is_refused_at_once_as_a_file_and_as_standard_input(device):
+    # /dev/zero once ran out of memory (exit 1, a traceback) and /dev/urandom never ended.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "torch_overlay", "explain", "--torch", "2.13.0"]
+    proc = subprocess.run([*command, device], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and f"cannot read {device}: not a regular file" in proc.stderr, proc.stderr
+    with open(device, "rb") as stdin:
+        proc = subprocess.run(command, stdin=stdin, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and "cannot read standard input: binary data" in proc.stderr, proc.stderr
+
+
+def test_a_pipe_is_read_and_a_log_too_large_or_not_text_is_refused(capsys, tmp_path, monkeypatch):
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(SPLIT_SLICE, encoding="utf-8"))
+    writer.start()
+    assert main(["explain", str(fifo), "--torch", "2.11.0"]) == 0
+    writer.join()
+    capsys.readouterr()
+    assert main(["explain", str(tmp_path)]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    latin = tmp_path / "latin.log"
+    latin.write_bytes(SPLIT_SLICE.replace("moe", "mo\xe9").encode("latin-1"))
+    assert main(["explain", str(latin), "--torch", "2.11.0"]) == 0  # a stray byte is not binary
+    noise = tmp_path / "noise.log"
+    noise.write_bytes(bytes(range(128, 256)) * 64)
+    assert main(["explain", str(noise)]) == 2
+    monkeypatch.setattr("torch_overlay.cli.explain._MAX_BYTES", 70000)
+    big = tmp_path / "big.log"
+    big.write_text(SPLIT_SLICE * 300, encoding="utf-8")
+    assert main(["explain", str(big)]) == 2
+    assert "larger than" in capsys.readouterr().err
+
+
 def test_standard_input_without_importing_torch_and_fast():
     code = (
         "import sys, time\n"
@@ -200,3 +237,16 @@ def test_a_closed_pipe_ends_quietly(log):
     proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env)
     assert proc.stdout.startswith("error 1 of")
     assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+
+
+def test_a_guess_only_where_the_text_points_at_the_part_of_torch_with_the_bug():
+    # "division by zero" is inductor-cpp-unbacked-parallel-depth's only with its frame; quoted alone,
+    # a guess only where the text speaks of compile (plain Python code prints it too).
+    catalogue = load_catalogue(PATCHES)
+
+    def named(text: str) -> list[tuple[str, str]]:
+        return [(m.bug.id, m.confidence) for ex in explain_log(text, catalogue, "2.13.0", env={}) for m in ex.matches]
+
+    assert named("ZeroDivisionError: division by zero\n") == []
+    guess = "torch.compile of the model fails:\nZeroDivisionError: division by zero\n"
+    assert named(guess) == [("inductor-cpp-unbacked-parallel-depth", "possibly")]

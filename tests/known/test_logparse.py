@@ -186,3 +186,24 @@ def test_a_message_without_its_class():
     error = message_only("the job died with\n```\nNode X was invalid, but is output\n```\n")
     assert error.type == "" and "Node X was invalid" in error.message
     assert error.as_error_text().types == ()
+
+
+def test_anything_before_the_rank_prefix():
+    # A collector's host or IP, a timestamp, srun's task label: the rank prefix after them is read.
+    for prefix in ("10.1.2.3: ", "node-17.cluster: ", "2026-01-04 10:00:01,123 ", "0: ", "[2026-01-04T10:00:01Z] "):
+        text = "\n".join(prefix + line for line in _ranked(30, PLAIN) + _ranked(2, OTHER))
+        errors = find_errors(text)
+        assert [(e.type, e.ranks) for e in errors] == [("RuntimeError", ["30"]), ("ValueError", ["2"])], prefix
+        assert errors[0].message.splitlines()[0] == "Node tangents_1 was invalid, but is output"
+
+
+def test_a_message_quoted_as_a_string_or_as_its_repr():
+    for line in (
+        '"RuntimeError: Node tangents_1 was invalid, but is output"',
+        "'RuntimeError: Node tangents_1 was invalid, but is output'.",
+        "“RuntimeError: Node tangents_1 was invalid, but is output”",
+        "RuntimeError('Node tangents_1 was invalid, but is output')",
+        'RuntimeError("Node tangents_1 was invalid, but is output"),',
+    ):
+        (error,) = find_errors(f"the job fails with\n{line}\n")
+        assert (error.type, error.message) == ("RuntimeError", "Node tangents_1 was invalid, but is output"), line

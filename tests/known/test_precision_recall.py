@@ -14,6 +14,8 @@ import torch
 
 from torch_overlay.known.catalogue import load_catalogue
 from torch_overlay.known.explain import explain_log
+from torch_overlay.known.logparse import find_errors
+from torch_overlay.known.signatures import KNOWN
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOGUE = load_catalogue(REPO / "patches")
@@ -30,4 +32,9 @@ def test_signatures_parse_and_ids_are_unique():
 def test_looked_at_example_is_explained_as_that_report(report):
     for example in report.entry["examples"]:
         explained = explain_log(example + "\n", CATALOGUE, TORCH)
-        assert [[m.bug.id for m in ex.matches] for ex in explained] == [[report.id]], example
+        named = [[m.bug.id for m in ex.matches] for ex in explained]
+        if named == [[]]:  # a guess, withheld where the text does not point at the report's part of torch
+            errors = [e.as_error_text() for e in find_errors(example + "\n")]
+            assert not any(sig.match(e) == KNOWN for sig in report.signatures for e in errors), example
+        else:
+            assert named == [[report.id]], example

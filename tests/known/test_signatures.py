@@ -52,7 +52,11 @@ def test_known_or_possibly_by_what_the_error_shows():
     sig = parse_signature("was invalid | frame=runtime_wrappers")
     assert sig.match(TANGENT) == KNOWN
     assert sig.match(ErrorText("RuntimeError: Node x was invalid", ("RuntimeError",))) == POSSIBLY  # no frames
-    assert sig.match(ErrorText("RuntimeError: was invalid", ("RuntimeError",), ('File "a.py", line 1, in f',))) is None
+    torch_frame = 'File "/site/torch/_functorch/partitioners.py", line 1, in f'
+    assert sig.match(ErrorText("RuntimeError: was invalid", ("RuntimeError",), (torch_frame,))) is None
+    # Only the user's frames (a cut traceback): the paste cannot tell.
+    user_frame = 'File "a.py", line 1, in f'
+    assert sig.match(ErrorText("RuntimeError: was invalid", ("RuntimeError",), (user_frame,))) == POSSIBLY
     typed = parse_signature("was invalid | type=RuntimeError")
     assert typed.match(ErrorText("Node x was invalid")) == POSSIBLY  # pasted without its class
     assert typed.match(ErrorText("ValueError: was invalid", ("ValueError",))) is None
@@ -65,3 +69,31 @@ def test_a_generic_message_is_at_most_possibly_and_needs_its_qualifiers():
     assert sig.match(TANGENT) == POSSIBLY and not sig.matches(TANGENT)
     assert sig.match(ErrorText("RuntimeError: Node x was invalid", ("RuntimeError",))) is None
     assert parse_signature("was invalid | possibly").match(TANGENT) == POSSIBLY
+
+
+def test_a_frame_of_the_same_file_is_a_near_fit():
+    from torch_overlay.known.signatures import KNOWN, POSSIBLY
+
+    sig = parse_signature("was invalid | frame=_functorch/partitioners.py:solve_min_cut")
+    frame = 'File "/site/torch/_functorch/partitioners.py", line 9, in {}'
+    assert sig.match(ErrorText("RuntimeError: was invalid", (), (frame.format("solve_min_cut"),))) == KNOWN
+    # torch renamed or moved the function: another function of the same file is possibly the bug.
+    renamed = frame.format("min_cut_rematerialization")
+    assert sig.match(ErrorText("RuntimeError: was invalid", (), (renamed,))) == POSSIBLY
+    other = 'File "/site/torch/_inductor/graph.py", line 9, in solve'
+    assert sig.match(ErrorText("RuntimeError: was invalid", (), (other,))) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "RuntimeError: fsdp.all_gather_copy_in.default invocation index ... encountered during backward",
+        "RuntimeError: fsdp.all_gather_copy_in.default invocation index … encountered during backward",
+        "RuntimeError: fsdp.all_gather_copy_in.default invocation index 3 encountered during backw\n  ard",
+    ],
+)
+def test_elided_numbers_and_words_wrapped_mid_word(text):
+    sig = parse_signature(r"re:fsdp\.all_gather_copy_in\.default invocation index \d+ encountered during backward")
+    assert sig.matches(ErrorText(text, ("RuntimeError",)))
+    named = "RuntimeError: fsdp.all_gather_copy_in.default invocation index x encountered"
+    assert not sig.matches(ErrorText(named, ("RuntimeError",)))

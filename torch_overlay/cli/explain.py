@@ -2,7 +2,8 @@
 
 Exit status: 0 when every error found is a known bug (or possibly one: the paste lacks the frame
 or class that would make it sure), 1 when one is not (or no error was found),
-2 when an input cannot be read. Torch is never imported.
+2 when an input cannot be read (missing, a device or folder, binary, over 64 MiB: refused before
+more than its head is read). Torch is never imported.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import argparse
 import json
 import os
 import shutil
+import stat
 import sys
 import textwrap
 from pathlib import Path
+from typing import BinaryIO
 
 from ..known.catalogue import CatalogueError, load_catalogue
 from ..known.explain import broken_on, explain_log, Explanation
@@ -22,13 +25,32 @@ from ..known.signatures import POSSIBLY
 __all__ = ["cmd_explain", "format_explanations"]
 
 
+# A job log with the error in it is megabytes; more is not a log (or needs cutting to the error).
+_MAX_BYTES = 64 << 20
+
+
 def _read(name: str) -> str:
+    """The text of ``name`` (``-``: standard input), read up to :data:`_MAX_BYTES`; ValueError for
+    what is not a log: a device or folder (``/dev/zero`` never ends), too large, or binary."""
     if name == "-":
-        data = sys.stdin.buffer.read()
-    else:
-        data = Path(name).read_bytes()
-    if b"\0" in data[:8192]:
+        return _read_text(sys.stdin.buffer)
+    # Pipes are logs too (`explain <(journalctl ...)`); a device is never one, and may never end.
+    if not (stat.S_ISREG(mode := os.stat(name).st_mode) or stat.S_ISFIFO(mode)):
+        raise ValueError("not a regular file")
+    with open(name, "rb") as file:
+        return _read_text(file)
+
+
+def _read_text(file: BinaryIO) -> str:
+    # The head first: binary input is refused before more of it is read.
+    data = file.read(65536)
+    undecodable = data.decode("utf-8", errors="replace").count("\ufffd")
+    if b"\0" in data[:8192] or undecodable > 8 + len(data) // 100:
         raise ValueError("binary data, not a log")
+    if len(data) == 65536:
+        data += file.read(_MAX_BYTES + 1 - len(data))
+    if len(data) > _MAX_BYTES:
+        raise ValueError(f"larger than {_MAX_BYTES >> 20} MiB: pass the part of the log around the error")
     return data.decode("utf-8", errors="replace")
 
 

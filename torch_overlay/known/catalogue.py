@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..series.series import Patch, read_series
 from .signatures import parse_signatures, Signature, SignatureError
+from .subsystems import pointed_at
 
 __all__ = ["Catalogue", "CatalogueError", "KnownBug", "LOOKED_AT", "load_catalogue"]
 
@@ -49,6 +50,16 @@ class KnownBug:
     signatures: tuple[Signature, ...]
     patch: Patch | None = None  # kind "fix"
     entry: dict = field(default_factory=dict, hash=False, compare=False)  # kind "looked-at"
+
+    @property
+    def parts(self) -> frozenset[str]:
+        """The parts of torch the bug is in (DTensor, FSDP, compile, ...), from how it is described."""
+        if self.kind == "fix":
+            fields = self.patch.main.fields
+            words = [self.title, fields.get("Symptom", ""), fields.get("Test", ""), fields.get("Upstream-Test", "")]
+        else:
+            words = [self.title, self.entry.get("seen", "")]
+        return pointed_at(" ".join(words))
 
     @property
     def link_names(self) -> str:

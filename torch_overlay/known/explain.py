@@ -22,6 +22,7 @@ from ..series.versions import parse_version, SUPPORTED, version_in
 from .catalogue import Catalogue, KnownBug
 from .logparse import find_errors, LoggedError, message_only
 from .signatures import KNOWN, POSSIBLY
+from .subsystems import pointed_at
 
 __all__ = ["Explanation", "Match", "broken_on", "explain_log"]
 
@@ -195,15 +196,19 @@ def explain_log(
     if not errors:  # a message quoted without its exception class
         errors = [e for e in [message_only(text)] if e is not None]
         errors = [e for e in errors if _any_match(e, catalogue)]
+    parts = pointed_at(text)  # the paste's frames, messages and words around them
     out = []
     for error in errors:
         matched = error.as_error_text()
+        named = pointed_at(matched.text)  # the parts of torch the message itself names
         matches = []
         for bug in catalogue.bugs:
             found = [sig.match(matched) for sig in bug.signatures]
             if not any(found):
                 continue
             confidence = KNOWN if KNOWN in found else POSSIBLY
+            if confidence == POSSIBLY and not _points_at(bug, named, parts):
+                continue
             if bug.kind == "fix":
                 match = _fix_match(bug, torch, installed, env, job_warnings, drifted)
             else:
@@ -215,6 +220,14 @@ def explain_log(
             matches = [m for m in matches if m.confidence == KNOWN]
         out.append(Explanation(error, matches))
     return out
+
+
+def _points_at(bug: KnownBug, named: frozenset[str], parts: frozenset[str]) -> bool:
+    """Whether a guess at ``bug`` is worth giving: the text points at the parts of torch with the
+    bug that its message does not name already (a message of torch.utils.checkpoint is a bug of
+    checkpointing *under compile* only where the text speaks of compile)."""
+    unnamed = bug.parts - named
+    return not unnamed or bool(unnamed & parts)
 
 
 def _any_match(error: LoggedError, catalogue: Catalogue) -> bool:

@@ -8,9 +8,11 @@ same text up to numbers are one error, seen on several ranks.
 
 People paste errors in other shapes than a log, and each is read as the error it shows: inside
 markdown (code fences, inline backticks, bold, ``>`` quotes, list items), behind pytest's ``E``
-prefix or doubled rank prefixes, frames without their ``Traceback`` header or after the message,
-a message mid-sentence ("... crashed with: RuntimeError: ..."), an exception class that does not
-end in ``Error`` (``torch._dynamo.exc.FailOnRecompileLimitHit``), a frame line wrapped in two.
+prefix, doubled rank prefixes or anything before a rank prefix (a host, an IP, a timestamp), in
+quote marks or as the exception's repr (``RuntimeError('...')``), frames without their
+``Traceback`` header or after the message, a message mid-sentence ("... crashed with:
+RuntimeError: ..."), an exception class that does not end in ``Error``
+(``torch._dynamo.exc.FailOnRecompileLimitHit``), a frame line wrapped in two.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ from .signatures import ErrorText
 __all__ = ["LoggedError", "find_errors", "message_only"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
-_RANK_PREFIX = re.compile(r"^(?:\[(?:rank|default)(\d+)\]:[ ]?)+")
+# Whatever a launcher or a log collector puts first (a host, an IP, a timestamp, srun's "0: "),
+# then the rank prefixes.
+_RANK_PREFIX = re.compile(r"^[^\n]{0,120}?(?:\[(?:rank|default)(\d+)\]:[ ]?)+")
+# A message quoted as a string: in quote marks, or as the exception's repr (RuntimeError('...')).
+_QUOTED = re.compile(r"""^\s*["'“‘]((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*: .*?)["'”’]?[.,]?\s*$""")
+_REPR = re.compile(r"""^\s*((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception))\((["'])(.*)\2\)[.,]?\s*$""")
 # Markdown and pytest around a pasted line: a quote marker, pytest's "E   " failure prefix.
 _QUOTE = re.compile(r"^\s*(?:>\s?)+")
 _PYTEST_E = re.compile(r"^E(?: {1,7}|$)")
@@ -83,6 +90,10 @@ def _unpasted(line: str) -> list[str]:
         return [""]
     line = _PYTEST_E.sub("", _QUOTE.sub("", line))
     line = line.replace("**", "").replace("\\`", "").replace("`", "")
+    if quoted := _QUOTED.match(line):
+        line = quoted.group(1)
+    elif repr_form := _REPR.match(line):
+        line = f"{repr_form.group(1)}: {repr_form.group(3)}"
     stripped = line.strip()
     if _LIST_ITEM.match(line) and (_BARE_EXCEPTION.match(_LIST_ITEM.sub("", line)) or "File \"" in line):
         return [_LIST_ITEM.sub("", line)]

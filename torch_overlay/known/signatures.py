@@ -1,15 +1,21 @@
-"""An error signature: one ``Error:`` line of a patch (or an ``errors`` entry of a looked-at report).
+r"""An error signature: one ``Error:`` line of a patch (or an ``errors`` entry of a looked-at report).
 
 ``Error: <fragment>`` (literal; whitespace runs match any whitespace), ``Error: re:<regex>`` (also
 searched in the text with its whitespace runs made single spaces), each
-optionally followed by `` | frame=<text>`` (a traceback frame's file or function contains it) and
-`` | type=<Name>`` (the exception's type name). See docs/reference/patch-format.md, "Error signatures".
+optionally followed by `` | frame=<text>`` (a traceback frame's file or function contains it;
+``frame=<file>.py:<function>``: that function of that file) and `` | type=<Name>`` (the exception's
+type name). See docs/reference/patch-format.md, "Error signatures".
 
 A match is *known* when the text and every qualifier match, and *possibly* when the text matches
-but the error as pasted cannot show a qualifier (no frames, or no exception class): a qualifier
-that the error contradicts is no match at all. A signature ending in `` | possibly`` is a message
-that other causes print too, with nothing in a traceback to tell them apart: it is never more than
-*possibly*, and nothing at all where the error does not show its qualifiers.
+but the error as pasted cannot show a qualifier (no frames, none of torch's frames, or no exception
+class) or nearly shows it (another function of the frame qualifier's file: torch renames and
+moves functions between releases); a qualifier that the error contradicts is no match at all. A
+signature ending in `` | possibly`` is a message that other causes print too, with nothing in a
+traceback to tell them apart: it is never more than *possibly*, and nothing at all where the error
+does not show its qualifiers.
+
+A number or name that a paste elides (``invocation index ... encountered``) matches a signature's
+``\d+`` or ``\w+``, and a message wrapped in the middle of a word matches too.
 """
 
 from __future__ import annotations
@@ -41,6 +47,14 @@ class ErrorText:
     def flat(self) -> str:
         return " ".join(self.text.split())
 
+    @property
+    def unwrapped(self) -> str:
+        """The text with its line breaks and their indentation removed: a message wrapped mid-word."""
+        return re.sub(r"[ \t]*\n[ \t>]*", "", self.text)
+
+    def torch_frames(self) -> tuple[str, ...]:
+        return tuple(f for f in self.frames if re.search(r"[/\\]torch[/\\]|^File \"torch[/\\]", f))
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -49,11 +63,16 @@ class Signature:
     frame: str | None = None
     type: str | None = None
     generic: bool = False  # `| possibly`: the text alone never makes the answer sure
+    elided: re.Pattern[str] | None = None  # the pattern with `...` allowed for each number and name
+
+    def text_matches(self, error: ErrorText) -> bool:
+        """Whether the message matches, as pasted: wrapped anywhere, numbers and names elided."""
+        texts = (error.text, error.flat, error.unwrapped)
+        return any(p.search(t) for p in (self.pattern, self.elided) if p is not None for t in texts)
 
     def match(self, error: ErrorText) -> str | None:
         """:data:`KNOWN`, :data:`POSSIBLY` (a qualifier the error does not show) or None."""
-        # A message may be wrapped anywhere: a regex also gets the text with whitespace runs as one space.
-        if self.pattern.search(error.text) is None and self.pattern.search(error.flat) is None:
+        if not self.text_matches(error):
             return None
         sure = True
         if self.type is not None:
@@ -62,10 +81,10 @@ class Signature:
             elif self.type not in error.types:
                 return None
         if self.frame is not None:
-            if not error.frames:
-                sure = False
-            elif not any(self.frame in frame for frame in error.frames):
+            fit = _frame_fit(self.frame, error)
+            if fit is None:
                 return None
+            sure = sure and fit
         if self.generic:
             # A message that other causes print too: without its qualifiers it proves nothing.
             return POSSIBLY if sure else None
@@ -76,8 +95,33 @@ class Signature:
         return self.match(error) == KNOWN
 
 
+def _frame_fit(qualifier: str, error: ErrorText) -> bool | None:
+    """True: a frame shows the qualifier; False: the paste cannot tell (no frames of torch's, or
+    only another function of the qualifier's file); None: torch's frames shown, none of them fits."""
+    file, _, function = qualifier.rpartition(":") if re.search(r"\.py:\w+$", qualifier) else ("", "", qualifier)
+    if file:
+        if any(file in f and re.search(rf"\bin {re.escape(function)}$", f) for f in error.frames):
+            return True
+    elif any(qualifier in f for f in error.frames):
+        return True
+    frames = error.torch_frames()
+    if not frames or (file and any(file in f for f in frames)):
+        return False
+    return None
+
+
 def _fragment_regex(fragment: str) -> str:
     return r"\s+".join(re.escape(word) for word in fragment.split())
+
+
+# What a paste puts for a number or a name it leaves out.
+_ELISION = r"(?:\.\.\.|…)"
+
+
+def _elided(pattern: str) -> re.Pattern[str] | None:
+    """``pattern`` with an elision allowed wherever it has a number or a name (None: it has none)."""
+    out = re.sub(r"(?<!\\)\\([dw])\+", lambda m: rf"(?:\{m.group(1)}+|{_ELISION})", pattern)
+    return re.compile(out) if out != pattern else None
 
 
 def parse_signature(line: str) -> Signature:
@@ -106,7 +150,7 @@ def parse_signature(line: str) -> Signature:
         pattern = re.compile(_fragment_regex(head))
     if not pattern.pattern:
         raise SignatureError(f"{line!r}: no text to match")
-    return Signature(line, pattern, qualifiers.get("frame"), qualifiers.get("type"), generic)
+    return Signature(line, pattern, qualifiers.get("frame"), qualifiers.get("type"), generic, _elided(pattern.pattern))
 
 
 def parse_signatures(lines: Iterable[str]) -> tuple[Signature, ...]:
