@@ -34,6 +34,7 @@ __all__ = [
     "get_original",
     "guard_replicas",
     "is_patched",
+    "reach",
     "revert",
     "status",
 ]
@@ -67,6 +68,13 @@ def revert() -> list[str]:
     (``TORCH_OVERLAY_DISABLE=<id>``).
     """
     return _overlay.revert()
+
+
+def reach() -> list[dict[str, Any]] | None:
+    """Per applied fix, how often this process ran the functions it changed (``calls``; None for a
+    fix that changed only definitions) and, for a silent bug, what a run without it does
+    (``silent``); None unless ``TORCH_OVERLAY_REACH=1``."""
+    return _overlay.reach_report()
 
 
 def is_patched(obj: object) -> bool:

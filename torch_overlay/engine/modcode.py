@@ -15,6 +15,8 @@ from .codecache import CodeCache
 __all__ = ["ModuleCode", "compile_module", "load_module_code", "MODULE_LEVEL", "TAG"]
 
 MODULE_LEVEL = "<module>"
+# inspect.CO_OPTIMIZED (a function's code), without importing inspect on every `import torch`.
+_CO_OPTIMIZED = 0x0001
 
 
 class ModuleCode:
@@ -62,6 +64,15 @@ class ModuleCode:
 
         walk(self.code)
         return found
+
+    def changed_functions(self) -> dict[str, list[types.CodeType]]:
+        """Patch id -> the code of the functions its hunks touch (what reach watches): not class
+        bodies or module-level code, which run once, when the module is executed."""
+        by_name: dict[str, list[types.CodeType]] = {}
+        for code in self.patched_codes():
+            if code.co_flags & _CO_OPTIMIZED:
+                by_name.setdefault(code.co_qualname, []).append(code)
+        return {pid: [c for q in names for c in by_name.get(q, [])] for pid, names in self.changed.items()}
 
 
 def _qualnames_by_line(tree: ast.Module) -> list[tuple[int, int, str]]:

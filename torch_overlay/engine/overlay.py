@@ -36,6 +36,8 @@ from .voice import claim_exit_line, says, tell, warn
 if TYPE_CHECKING:
     from .codecache import CodeCache
     from .invalidate import CompileCacheSalt
+    from .modcode import ModuleCode
+    from .reach import Reach
 
 __all__ = ["Overlay"]
 
@@ -66,6 +68,8 @@ class Overlay:
         self._says_exit_line = False
         self.problems: list[str] = []  # the series or a switch could not be read as given
         self._imports = FailedImports(lambda entry, why: self._set(entry, PatchState.FAILED, why))
+        # TORCH_OVERLAY_REACH=1 (or the CLI's `reach`): the runs of each fix's changed functions.
+        self.reach: Reach | None = None
 
     @property
     def _cache(self) -> CodeCache:
@@ -120,6 +124,8 @@ class Overlay:
                 for target in component.targets.values():
                     self._by_module[target.module] = component
             self._watch()
+            if self.config.enabled and self.config.reach:
+                self.start_reach()
             for component in {id(c): c for c in self._by_module.values()}.values():
                 if any(t.module in sys.modules for t in component.targets.values()):
                     self._decide(component, importing=None)
@@ -166,6 +172,8 @@ class Overlay:
             entry.swapped = entry.changes & imported
             entry.reason = outcome.reason
             self._update(entry)
+            if self.reach is not None:
+                self._watch_swaps(entry)
         if any(e.swapped for e in component.entries):
             self._after_change(sorted({m for e in component.entries for m in e.swapped}))
 
@@ -210,6 +218,8 @@ class Overlay:
                 return None
             assert plan.code is not None
             plan.code.register_source()
+            if self.reach is not None:
+                self._watch_module(plan.code)
             return plan.code.code, plan.code.text
 
     def _on_imported(self, name: str) -> None:
@@ -257,6 +267,47 @@ class Overlay:
             if self.config.strict:
                 raise
             warn(f"torch_overlay: could not refresh torch's caches after a patch ({type(exc).__name__}: {exc})")
+
+    # ----------------------------------------------------------------- reach
+    def start_reach(self) -> Reach:
+        """Count, from now on, the runs of the functions each applied fix changed (:mod:`.reach`)."""
+        with self._lock:
+            if self.reach is None:
+                from .reach import Reach
+
+                self.reach = Reach()
+                for component in self._roster.components:
+                    for name, plan in component.modules.items():
+                        if plan.code is not None and name in sys.modules:
+                            self._watch_module(plan.code)
+                for entry in self._roster.made():
+                    self._watch_swaps(entry)
+            return self.reach
+
+    def _watch_module(self, code: ModuleCode) -> None:
+        assert self.reach is not None
+        for pid, codes in code.changed_functions().items():
+            self.reach.watch(pid, codes)
+
+    def _watch_swaps(self, entry: Entry) -> None:
+        assert self.reach is not None
+        # Functions only: a swap never runs a class body or module-level code again.
+        self.reach.watch(entry.id, [new for plan in entry.plans for _, _, new in plan.swaps if new.co_flags & 0x0001])
+
+    def reach_report(self) -> list[dict[str, Any]] | None:
+        """Per applied fix: ``id``, ``calls`` (runs of its changed functions; None when it changed no
+        function, only definitions) and ``silent`` (its ``Silent:`` field); None when reach is off."""
+        with self._lock:
+            if self.reach is None:
+                return None
+            from .job_lines import silent_note
+
+            counts, watched = self.reach.counts(), self.reach.watched()
+            applied = [e for e in self._roster.made() if e.state == PatchState.APPLIED]
+            return [
+                {"id": e.id, "calls": counts.get(e.id, 0) if e.id in watched else None, "silent": silent_note(e)}
+                for e in applied
+            ]
 
     # ---------------------------------------------------------------- revert
     def revert(self) -> list[str]:
@@ -308,8 +359,11 @@ class Overlay:
         """At exit (rank 0, or the job's one process): which fixes this process actually applied."""
         if not (self._started and self.job_lines and self._says_exit_line) or _AGENT_MODULE in sys.modules:
             return
+        reach = self.reach_report()
         with self._lock:
-            line = job_end_line(self._roster.made(), os.environ.get("RANK", "").strip(), unmade=self._roster.unmade())
+            line = job_end_line(
+                self._roster.made(), os.environ.get("RANK", "").strip(), unmade=self._roster.unmade(), reach=reach
+            )
         tell(line)
 
     def status(self) -> list[PatchStatus]:

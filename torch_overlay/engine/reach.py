@@ -1,0 +1,128 @@
+"""Reach: how often this process ran the code each fix changed (``TORCH_OVERLAY_REACH=1``).
+
+Only the code objects of the functions a fix's hunks touch are watched (``ModuleCode.changed``,
+a late swap's new code), never the rest of a patched module. Python 3.12+ turns ``sys.monitoring``'s
+PY_START event on for those code objects alone: other code runs exactly as without it. Python 3.11
+has no per-code event: a profile function (``sys.setprofile``, ``threading.setprofile``, installed
+when the first code is watched) is called for every Python and C call of the threads Python starts,
+and returns at once unless the frame's code is watched. C++ threads that run Python (autograd's
+device threads, which run backward hooks on GPU) are not seen on 3.11.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from collections.abc import Iterable
+
+__all__ = ["Reach"]
+
+# The name our sys.monitoring tool is registered under.
+_TOOL_NAME = "torch_overlay reach"
+
+
+class Reach:
+    """The watched code objects and how often each ran; per fix on demand."""
+
+    def __init__(self) -> None:
+        self._fixes: dict[int, tuple[str, ...]] = {}  # id(code) -> the fixes that changed it
+        self._codes: dict[int, types.CodeType] = {}  # holds each watched code: its id stays its own
+        self._calls: dict[int, int] = {}  # id(code) -> runs; the hot path's only data
+        self._lock = threading.Lock()
+        self._backend: _Profile | _Monitoring | None = None
+
+    def watch(self, fix: str, codes: Iterable[types.CodeType]) -> None:
+        """Count the runs of ``codes`` for ``fix`` from now on."""
+        with self._lock:
+            for code in codes:
+                key = id(code)
+                fixes = self._fixes.get(key, ())
+                if fix in fixes:
+                    continue
+                self._fixes[key] = (*fixes, fix)
+                if key in self._codes:
+                    continue
+                self._codes[key] = code
+                self._calls[key] = 0
+                if self._backend is None:
+                    self._backend = _Monitoring(self._calls) if hasattr(sys, "monitoring") else _Profile(self._calls)
+                self._backend.add(code)
+
+    def watched(self) -> set[str]:
+        """The fixes with at least one watched code object."""
+        with self._lock:
+            return {fix for fixes in self._fixes.values() for fix in fixes}
+
+    def counts(self) -> dict[str, int]:
+        """Fix id -> how many times its changed code ran so far (a call of each function it changed)."""
+        with self._lock:
+            runs = dict(self._calls)
+            fixes = dict(self._fixes)
+        out: dict[str, int] = {}
+        for key, n in runs.items():
+            for fix in fixes[key]:
+                out[fix] = out.get(fix, 0) + n
+        return out
+
+    def stop(self) -> None:
+        """Stop counting (the counts so far stay)."""
+        with self._lock:
+            if self._backend is not None:
+                self._backend.stop()
+
+
+class _Profile:
+    """Python 3.11: a profile function on this thread and on the threads started after it."""
+
+    def __init__(self, calls: dict[int, int]) -> None:
+        def on_event(frame: types.FrameType, event: str, arg: object) -> None:
+            # Every call and return of the thread comes here: as little as possible before leaving.
+            if event == "call":
+                key = id(frame.f_code)
+                if key in calls:
+                    calls[key] += 1
+
+        self._hook = on_event
+        sys.setprofile(on_event)
+        threading.setprofile(on_event)
+
+    def add(self, code: types.CodeType) -> None:
+        """Nothing to do: the profile function looks ``code`` up in ``calls``."""
+
+    def stop(self) -> None:
+        if sys.getprofile() is self._hook:
+            sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+
+class _Monitoring:
+    """Python 3.12+: PY_START turned on for each watched code object alone."""
+
+    def __init__(self, calls: dict[int, int]) -> None:
+        monitoring = sys.monitoring  # type: ignore[attr-defined]
+        self._monitoring = monitoring
+        self._tool = None
+        for tool in (4, 3, 5, 1):  # the ids no standard tool claims first (0 debugger, 2 profiler)
+            if monitoring.get_tool(tool) is None:
+                monitoring.use_tool_id(tool, _TOOL_NAME)
+                self._tool = tool
+                break
+
+        def on_start(code: types.CodeType, offset: int) -> None:
+            key = id(code)
+            if key in calls:
+                calls[key] += 1
+
+        if self._tool is not None:
+            monitoring.register_callback(self._tool, monitoring.events.PY_START, on_start)
+
+    def add(self, code: types.CodeType) -> None:
+        if self._tool is not None:
+            self._monitoring.set_local_events(self._tool, code, self._monitoring.events.PY_START)
+
+    def stop(self) -> None:
+        if self._tool is not None:
+            self._monitoring.register_callback(self._tool, self._monitoring.events.PY_START, None)
+            self._monitoring.free_tool_id(self._tool)
+            self._tool = None
