@@ -172,8 +172,8 @@ class Overlay:
             entry.swapped = entry.changes & imported
             entry.reason = outcome.reason
             self._update(entry)
-            if self.reach is not None:
-                self._watch_swaps(entry)
+        if self.reach is not None:
+            self._watch_swaps(component.entries)
         if any(e.swapped for e in component.entries):
             self._after_change(sorted({m for e in component.entries for m in e.swapped}))
 
@@ -280,8 +280,7 @@ class Overlay:
                     for name, plan in component.modules.items():
                         if plan.code is not None and name in sys.modules:
                             self._watch_module(plan.code)
-                for entry in self._roster.made():
-                    self._watch_swaps(entry)
+                self._watch_swaps(self._roster.made())
             return self.reach
 
     def _watch_module(self, code: ModuleCode) -> None:
@@ -289,10 +288,29 @@ class Overlay:
         for pid, codes in code.changed_functions().items():
             self.reach.watch(pid, codes)
 
-    def _watch_swaps(self, entry: Entry) -> None:
+    def _watch_swaps(self, entries: list[Entry]) -> None:
+        """Watch the live code of each function a late swap of ``entries`` (in series order) changed.
+
+        A later patch of a module swaps the functions an earlier one changed too (each plan goes
+        from the code as imported to the text after its patch): it changed those only if its code
+        differs from the earlier one's.
+        """
         assert self.reach is not None
-        # Functions only: a swap never runs a class body or module-level code again.
-        self.reach.watch(entry.id, [new for plan in entry.plans for _, _, new in plan.swaps if new.co_flags & 0x0001])
+        if not any(e.plans for e in entries):
+            return
+        from .codeswap import same_code
+
+        before: dict[tuple[str, str], types.CodeType] = {}  # (module, qualname) -> code before this patch
+        for entry in entries:
+            changed = []
+            for plan in entry.plans:
+                for fn, old, new in plan.swaps:
+                    key = (plan.module.__name__, new.co_qualname)
+                    # Functions only: a swap never runs a class body or module-level code again.
+                    if new.co_flags & 0x0001 and not same_code(before.setdefault(key, old), new):
+                        changed.append(fn.__code__)
+                    before[key] = new
+            self.reach.watch(entry.id, changed)
 
     def reach_report(self) -> list[dict[str, Any]] | None:
         """Per applied fix: ``id``, ``calls`` (runs of its changed functions; None when it changed no
