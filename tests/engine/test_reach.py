@@ -156,3 +156,18 @@ def test_a_job_with_reach_off_installs_no_hook(tmp_path):
     assert out == {"reach": None, "profile": False}
     (end,) = [line for line in stderr.splitlines() if " applied in " in line]
     assert "changed code run" not in end
+
+
+def test_a_deletion_is_counted_for_the_function_that_held_it():
+    """Deleted lines belong to the def around them, even where a blank line follows them
+    (0020's hunk on 2.11 deletes a block inside a function, then comes a blank line)."""
+    import ast
+
+    from torch_overlay.engine.modcode import _changed_qualnames
+
+    before = "def f(x):\n    y = x\n\n    if y:\n        raise ValueError\n\n    return y\n\n\ndef g():\n    return 1\n"
+    after = before.replace("    if y:\n        raise ValueError\n\n", "")
+    assert _changed_qualnames(before, after, ast.parse(after)) == ["f"]
+    # The last lines of a function: what follows them is the next def, which did not change.
+    after = before.replace("\n    return y\n", "\n")
+    assert _changed_qualnames(before, after, ast.parse(after)) == ["f"]
