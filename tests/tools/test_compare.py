@@ -194,3 +194,42 @@ def test_lists_times_and_flags_a_slowdown(tmp_path: Path, monkeypatch: pytest.Mo
     assert "(1 test(s) under 1 s either way not listed)" in text
     assert "1 test(s) slower with the overlay (over x1.2 and 1 s more;" in text
     assert "no test of test_slower.py changes outcome with the overlay (2 tests)" in text
+
+
+# One test runs a DTensor op under a fake process group (sharding propagation runs the
+# new_factory_strategy that dtensor-new-factory-shard-partial changes); the other runs no DTensor code.
+_REACHES = '''
+import torch
+
+
+def test_plain_tensors():
+    assert (torch.ones(2) + 1).sum() == 4
+
+
+def test_dtensor_new_ones():
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        x = distribute_tensor(torch.ones(4, 4), init_device_mesh("cpu", (2,)), [Shard(0)])
+        assert x.new_ones((4, 4)).to_local().shape == (4, 4)
+    finally:
+        dist.destroy_process_group()
+'''
+
+
+def test_reach_counts_the_tests_that_ran_a_fixs_changed_code(tmp_path: Path) -> None:
+    path = tmp_path / "test_reaches.py"
+    path.write_text(_REACHES, encoding="utf-8")
+    out = io.StringIO()
+    assert run_compare(path, out=out) == 0
+    text = out.getvalue()
+    assert "reach: tests (of 2) that ran a fix's changed functions, with the overlay:\n" in text, text
+    if "dtensor-new-factory-shard-partial" not in text:
+        pytest.skip("dtensor-new-factory-shard-partial does not apply to this torch")
+    assert re.search(r"\n  dtensor-new-factory-shard-partial: 1 test\(s\), \d+ call\(s\)\n", text), text
+    # A fix applied in that process (torch imports torch.nn.utils) that no test called.
+    idle = re.search(r"\n  applied, reached by no test \(\d+\): (.*)\n", text)
+    assert idle and "clip-grad-norm-mixed-meshes" in idle.group(1).split(", "), text

@@ -273,15 +273,26 @@ class Overlay:
         """Count, from now on, the runs of the functions each applied fix changed (:mod:`.reach`)."""
         with self._lock:
             if self.reach is None:
+                import atexit
+
                 from .reach import Reach
 
                 self.reach = Reach()
+                atexit.register(self._dump_reach)
                 for component in self._roster.components:
                     for name, plan in component.modules.items():
                         if plan.code is not None and name in sys.modules:
                             self._watch_module(plan.code)
                 self._watch_swaps(self._roster.made())
             return self.reach
+
+    def _dump_reach(self) -> None:
+        """At exit, under compare's reach plugin: this process's counts, for the test that started it."""
+        from .reach import DUMP_DIR, dump
+
+        folder = os.environ.get(DUMP_DIR)
+        if folder and self.reach is not None:
+            dump(self.reach.counts(), folder)
 
     def _watch_module(self, code: ModuleCode) -> None:
         assert self.reach is not None

@@ -11,15 +11,21 @@ device threads, which run backward hooks on GPU) are not seen on 3.11.
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import threading
 import types
 from collections.abc import Iterable
+from pathlib import Path
 
-__all__ = ["Reach"]
+__all__ = ["DUMP_DIR", "dump", "Reach", "read_dumps"]
 
 # The name our sys.monitoring tool is registered under.
 _TOOL_NAME = "torch_overlay reach"
+# Set by compare's pytest plugin (tools/reach_plugin.py) around each test: a process that ends
+# while it is set (a test's ranks) writes its counts there, one file per process.
+DUMP_DIR = "TORCH_OVERLAY_REACH_DIR"
 
 
 class Reach:
@@ -31,6 +37,12 @@ class Reach:
         self._calls: dict[int, int] = {}  # id(code) -> runs; the hot path's only data
         self._lock = threading.Lock()
         self._backend: _Profile | _Monitoring | None = None
+        # A forked child counts its own runs (its dump would repeat the parent's otherwise).
+        os.register_at_fork(after_in_child=self._forget_runs)
+
+    def _forget_runs(self) -> None:
+        for key in self._calls:
+            self._calls[key] = 0
 
     def watch(self, fix: str, codes: Iterable[types.CodeType]) -> None:
         """Count the runs of ``codes`` for ``fix`` from now on."""
@@ -70,6 +82,34 @@ class Reach:
         with self._lock:
             if self._backend is not None:
                 self._backend.stop()
+
+
+def dump(counts: dict[str, int], folder: str) -> None:
+    """Write ``counts`` (those run) into ``folder`` as this process's file, whole or not at all."""
+    import json
+
+    ran = {fix: n for fix, n in counts.items() if n}
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(ran, f)
+        os.replace(tmp, os.path.join(folder, f"{os.getpid()}.json"))
+    except OSError:  # at exit, the test that made the folder may be gone: nothing to tell it
+        pass
+
+
+def read_dumps(folder: Path) -> dict[str, int]:
+    """The counts the processes that ended wrote into ``folder``, added up."""
+    import json
+
+    out: dict[str, int] = {}
+    for path in folder.glob("*.json"):
+        try:
+            for fix, n in json.loads(path.read_text()).items():
+                out[fix] = out.get(fix, 0) + int(n)
+        except (OSError, ValueError, AttributeError):
+            continue
+    return out
 
 
 class _Profile:
