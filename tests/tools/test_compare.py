@@ -196,9 +196,12 @@ def test_lists_times_and_flags_a_slowdown(tmp_path: Path, monkeypatch: pytest.Mo
     assert "no test of test_slower.py changes outcome with the overlay (2 tests)" in text
 
 
-# One test runs a DTensor op under a fake process group (sharding propagation runs the
-# new_factory_strategy that dtensor-new-factory-shard-partial changes); the other runs no DTensor code.
+# A DTensor op under a fake process group (its sharding propagation runs the new_factory_strategy that
+# dtensor-new-factory-shard-partial changes), in the test's process and in a child; a test without it.
 _REACHES = '''
+import subprocess
+import sys
+
 import torch
 
 
@@ -206,17 +209,25 @@ def test_plain_tensors():
     assert (torch.ones(2) + 1).sum() == 4
 
 
-def test_dtensor_new_ones():
-    import torch.distributed as dist
-    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+NEW_ONES = """
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    try:
-        x = distribute_tensor(torch.ones(4, 4), init_device_mesh("cpu", (2,)), [Shard(0)])
-        assert x.new_ones((4, 4)).to_local().shape == (4, 4)
-    finally:
-        dist.destroy_process_group()
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+x = distribute_tensor(torch.ones(4, 4), init_device_mesh("cpu", (2,)), [Shard(0)])
+assert x.new_ones((4, 4)).to_local().shape == (4, 4)
+dist.destroy_process_group()
+"""
+
+
+def test_dtensor_new_ones():
+    exec(NEW_ONES, {})
+
+
+def test_dtensor_new_ones_in_a_child():  # like a rank of a multi-process test
+    subprocess.run([sys.executable, "-c", NEW_ONES], check=True)
 '''
 
 
@@ -226,10 +237,11 @@ def test_reach_counts_the_tests_that_ran_a_fixs_changed_code(tmp_path: Path) -> 
     out = io.StringIO()
     assert run_compare(path, out=out) == 0
     text = out.getvalue()
-    assert "reach: tests (of 2) that ran a fix's changed functions, with the overlay:\n" in text, text
+    assert "reach: tests (of 3) that ran a fix's changed functions, with the overlay:\n" in text, text
     if "dtensor-new-factory-shard-partial" not in text:
         pytest.skip("dtensor-new-factory-shard-partial does not apply to this torch")
-    assert re.search(r"\n  dtensor-new-factory-shard-partial: 1 test\(s\), \d+ call\(s\)\n", text), text
+    # The test that runs the op and the one whose child does (its count is written at the child's exit).
+    assert re.search(r"\n  dtensor-new-factory-shard-partial: 2 test\(s\), \d+ call\(s\)\n", text), text
     # A fix applied in that process (torch imports torch.nn.utils) that no test called.
     idle = re.search(r"\n  applied, reached by no test \(\d+\): (.*)\n", text)
     assert idle and "clip-grad-norm-mixed-meshes" in idle.group(1).split(", "), text
