@@ -288,9 +288,9 @@ class Overlay:
 
     def _dump_reach(self) -> None:
         """At exit, under compare's reach plugin: this process's counts, for the test that started it."""
-        from .reach import DUMP_DIR, dump
+        from .reach import dump
 
-        folder = os.environ.get(DUMP_DIR)
+        folder = os.environ.get("TORCH_OVERLAY_REACH_DIR")  # reach.DUMP_DIR
         if folder and self.reach is not None:
             dump(self.reach.counts(), folder)
 
