@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from torch_overlay.engine.reach import Reach
+
 from ._fixtures import make_diff, make_patch
 from .test_apply import _state, overlays  # noqa: F401  (overlays is a fixture)
 
@@ -61,14 +63,20 @@ def stop_reach():
     assert sys.getprofile() is None
 
 
+def start(overlay):
+    """What ``import torch_overlay`` does under TORCH_OVERLAY_REACH=1."""
+    overlay.reach = Reach(overlay._roster.made).watch_live(overlay._roster.components)
+
+
 def _report(overlay):
-    return {row["id"]: (row["calls"], row["silent"]) for row in overlay.reach_report()}
+    return {row["id"]: (row["calls"], row["silent"]) for row in overlay.reach.report()}
 
 
 def test_counts_the_runs_of_the_changed_functions_only(module, config, overlays, stop_reach):
     overlay = overlays(config(reach=True))
     stop_reach(overlay)
     overlay.activate()
+    start(overlay)
     mod = importlib.import_module(module)
     assert _state(overlay, "fix-c").state == "applied"
     for _ in range(3):
@@ -84,6 +92,7 @@ def test_counts_swapped_functions_of_a_module_imported_first(module, config, ove
     overlay = overlays(config(reach=True))
     stop_reach(overlay)
     overlay.activate()
+    start(overlay)
     assert (_state(overlay, "fix-a").state, _state(overlay, "fix-a").mode) == ("applied", "swapped")
     mod.answer()
     mod.Widget().size()
@@ -95,9 +104,9 @@ def test_started_later_watches_what_already_applied(module, config, overlays, st
     overlay = overlays(config())
     overlay.activate()
     mod = importlib.import_module(module)
-    assert overlay.reach is None and overlay.reach_report() is None
+    assert overlay.reach is None
     stop_reach(overlay)
-    overlay.start_reach()
+    start(overlay)
     mod.answer()
     assert _report(overlay)["fix-a"] == (1, "")
 

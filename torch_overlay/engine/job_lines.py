@@ -73,7 +73,7 @@ def silent_note(entry: Entry) -> str:
 
 def reach_part(reach: list[dict[str, Any]]) -> str:
     """``changed code run: a (3 calls), b (1200 calls; without the overlay: ...); not run: 10 fixes``
-    (``reach``: :meth:`Overlay.reach_report`'s rows)."""
+    (``reach``: :meth:`.reach.Reach.report`'s rows)."""
     ran = [r for r in reach if r["calls"]]
     idle = [r for r in reach if r["calls"] == 0]
     unwatched = [r for r in reach if r["calls"] is None]

@@ -36,7 +36,6 @@ from .voice import claim_exit_line, says, tell, warn
 if TYPE_CHECKING:
     from .codecache import CodeCache
     from .invalidate import CompileCacheSalt
-    from .modcode import ModuleCode
     from .reach import Reach
 
 __all__ = ["Overlay"]
@@ -68,8 +67,7 @@ class Overlay:
         self._says_exit_line = False
         self.problems: list[str] = []  # the series or a switch could not be read as given
         self._imports = FailedImports(lambda entry, why: self._set(entry, PatchState.FAILED, why))
-        # TORCH_OVERLAY_REACH=1 (or the CLI's `reach`): the runs of each fix's changed functions.
-        self.reach: Reach | None = None
+        self.reach: Reach | None = None  # TORCH_OVERLAY_REACH=1: how often each fix's changed code ran
 
     @property
     def _cache(self) -> CodeCache:
@@ -124,12 +122,10 @@ class Overlay:
                 for target in component.targets.values():
                     self._by_module[target.module] = component
             self._watch()
-            if self.config.enabled and self.config.reach:
-                self.start_reach()
             for component in {id(c): c for c in self._by_module.values()}.values():
                 if any(t.module in sys.modules for t in component.targets.values()):
                     self._decide(component, importing=None)
-            self._raise_if_strict(self._roster.made())
+            _raise_if_strict(self.config, self._roster.made())
             self._maybe_log_summary()
             if self.job_lines and self._environ is not None and claim_exit_line(self._environ):
                 import atexit
@@ -173,7 +169,7 @@ class Overlay:
             entry.reason = outcome.reason
             self._update(entry)
         if self.reach is not None:
-            self._watch_swaps(component.entries)
+            self.reach.watch_swaps(component.entries)
         if any(e.swapped for e in component.entries):
             self._after_change(sorted({m for e in component.entries for m in e.swapped}))
 
@@ -204,7 +200,7 @@ class Overlay:
                 return None
             if not component.decided:
                 self._decide(component, importing=name)
-            self._raise_if_strict(component.entries)
+            _raise_if_strict(self.config, component.entries)
             self._imports.new_try(name)
             from .decider import plan_for_import
 
@@ -214,12 +210,12 @@ class Overlay:
             if not ready:
                 for entry in plan.entries:
                     self._set(entry, PatchState.FAILED, f"{plan.target.path} changed on disk since the patch was decided")
-                self._raise_if_strict(plan.entries)
+                _raise_if_strict(self.config, plan.entries)
                 return None
             assert plan.code is not None
             plan.code.register_source()
             if self.reach is not None:
-                self._watch_module(plan.code)
+                self.reach.watch_module(plan.code)
             return plan.code.code, plan.code.text
 
     def _on_imported(self, name: str) -> None:
@@ -248,13 +244,6 @@ class Overlay:
             self._imports.patched_code_raised(self._by_module.get(module.__name__), module.__name__, exc, retry)
         return retry
 
-    def _raise_if_strict(self, entries: list[Entry]) -> None:
-        if not self.config.strict:
-            return
-        for entry in entries:
-            if entry.state in (PatchState.DRIFT, PatchState.FAILED):
-                raise OverlayError(f"torch_overlay: patch {entry.id} {entry.state}: {entry.reason}")
-
     def _after_change(self, modules: list[str]) -> None:
         try:
             from .invalidate import clear_dtensor_caches, touches_dtensor
@@ -267,76 +256,6 @@ class Overlay:
             if self.config.strict:
                 raise
             warn(f"torch_overlay: could not refresh torch's caches after a patch ({type(exc).__name__}: {exc})")
-
-    # ----------------------------------------------------------------- reach
-    def start_reach(self) -> Reach:
-        """Count, from now on, the runs of the functions each applied fix changed (:mod:`.reach`)."""
-        with self._lock:
-            if self.reach is None:
-                import atexit
-
-                from .reach import Reach
-
-                self.reach = Reach()
-                atexit.register(self._dump_reach)
-                for component in self._roster.components:
-                    for name, plan in component.modules.items():
-                        if plan.code is not None and name in sys.modules:
-                            self._watch_module(plan.code)
-                self._watch_swaps(self._roster.made())
-            return self.reach
-
-    def _dump_reach(self) -> None:
-        """At exit, under compare's reach plugin: this process's counts, for the test that started it."""
-        from .reach import dump
-
-        folder = os.environ.get("TORCH_OVERLAY_REACH_DIR")  # reach.DUMP_DIR
-        if folder and self.reach is not None:
-            dump(self.reach.counts(), folder)
-
-    def _watch_module(self, code: ModuleCode) -> None:
-        assert self.reach is not None
-        for pid, codes in code.changed_functions().items():
-            self.reach.watch(pid, codes)
-
-    def _watch_swaps(self, entries: list[Entry]) -> None:
-        """Watch the live code of each function a late swap of ``entries`` (in series order) changed.
-
-        A later patch of a module swaps the functions an earlier one changed too (each plan goes
-        from the code as imported to the text after its patch): it changed those only if its code
-        differs from the earlier one's.
-        """
-        assert self.reach is not None
-        if not any(e.plans for e in entries):
-            return
-        from .codeswap import same_code
-
-        before: dict[tuple[str, str], types.CodeType] = {}  # (module, qualname) -> code before this patch
-        for entry in entries:
-            changed = []
-            for plan in entry.plans:
-                for fn, old, new in plan.swaps:
-                    key = (plan.module.__name__, new.co_qualname)
-                    # Functions only: a swap never runs a class body or module-level code again.
-                    if new.co_flags & 0x0001 and not same_code(before.setdefault(key, old), new):
-                        changed.append(fn.__code__)
-                    before[key] = new
-            self.reach.watch(entry.id, changed)
-
-    def reach_report(self) -> list[dict[str, Any]] | None:
-        """Per applied fix: ``id``, ``calls`` (runs of its changed functions; None when it changed no
-        function, only definitions) and ``silent`` (its ``Silent:`` field); None when reach is off."""
-        with self._lock:
-            if self.reach is None:
-                return None
-            from .job_lines import silent_note
-
-            counts, watched = self.reach.counts(), self.reach.watched()
-            applied = [e for e in self._roster.made() if e.state == PatchState.APPLIED]
-            return [
-                {"id": e.id, "calls": counts.get(e.id, 0) if e.id in watched else None, "silent": silent_note(e)}
-                for e in applied
-            ]
 
     # ---------------------------------------------------------------- revert
     def revert(self) -> list[str]:
@@ -388,11 +307,9 @@ class Overlay:
         """At exit (rank 0, or the job's one process): which fixes this process actually applied."""
         if not (self._started and self.job_lines and self._says_exit_line) or _AGENT_MODULE in sys.modules:
             return
-        reach = self.reach_report()
         with self._lock:
-            line = job_end_line(
-                self._roster.made(), os.environ.get("RANK", "").strip(), unmade=self._roster.unmade(), reach=reach
-            )
+            reach = None if self.reach is None else self.reach.report()
+            line = job_end_line(self._roster.made(), os.environ.get("RANK", "").strip(), self._roster.unmade(), reach)
         tell(line)
 
     def status(self) -> list[PatchStatus]:
@@ -428,6 +345,15 @@ class Overlay:
             from . import originals
 
             return originals.get_original(obj, self._roster.made(), self._by_module)
+
+
+def _raise_if_strict(config: Config, entries: list[Entry]) -> None:
+    """Under TORCH_OVERLAY_STRICT=1, the first drifted or failed patch of ``entries`` raises."""
+    if not config.strict:
+        return
+    for entry in entries:
+        if entry.state in (PatchState.DRIFT, PatchState.FAILED):
+            raise OverlayError(f"torch_overlay: patch {entry.id} {entry.state}: {entry.reason}")
 
 
 def _mode(entry: Entry) -> str:

@@ -11,13 +11,19 @@ device threads, which run backward hooks on GPU) are not seen on 3.11.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import tempfile
 import threading
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .components import Component, Entry
+    from .modcode import ModuleCode
 
 __all__ = ["DUMP_DIR", "dump", "Reach", "read_dumps"]
 
@@ -29,9 +35,11 @@ DUMP_DIR = "TORCH_OVERLAY_REACH_DIR"
 
 
 class Reach:
-    """The watched code objects and how often each ran; per fix on demand."""
+    """The watched code objects and how often each ran; per fix on demand (``entries``: the
+    overlay's entries so far, for :meth:`report`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, entries: Callable[[], list[Entry]]) -> None:
+        self._entries = entries
         self._fixes: dict[int, tuple[str, ...]] = {}  # id(code) -> the fixes that changed it
         self._codes: dict[int, types.CodeType] = {}  # holds each watched code: its id stays its own
         self._calls: dict[int, int] = {}  # id(code) -> runs; the hot path's only data
@@ -39,6 +47,7 @@ class Reach:
         self._backend: _Profile | _Monitoring | None = None
         # A forked child counts its own runs (its dump would repeat the parent's otherwise).
         os.register_at_fork(after_in_child=self._forget_runs)
+        atexit.register(self._dump)
 
     def _forget_runs(self) -> None:
         for key in self._calls:
@@ -60,6 +69,63 @@ class Reach:
                 if self._backend is None:
                     self._backend = _Monitoring(self._calls) if hasattr(sys, "monitoring") else _Profile(self._calls)
                 self._backend.add(code)
+
+    def watch_live(self, components: Iterable[Component]) -> Reach:
+        """Watch what already runs patched code: modules executed, functions swapped. Set as the
+        overlay's ``reach``, it then watches the code of each patch it applies later."""
+        for component in components:
+            for name, plan in component.modules.items():
+                if plan.code is not None and name in sys.modules:
+                    self.watch_module(plan.code)
+        self.watch_swaps(self._entries())
+        return self
+
+    def watch_module(self, code: ModuleCode) -> None:
+        """The functions of a module's patched code that each patch changed (before it executes)."""
+        for pid, codes in code.changed_functions().items():
+            self.watch(pid, codes)
+
+    def watch_swaps(self, entries: list[Entry]) -> None:
+        """The live code of each function a late swap of ``entries`` (in series order) changed.
+
+        A later patch of a module swaps the functions an earlier one changed too (each plan goes
+        from the code as imported to the text after its patch): it changed those only if its code
+        differs from the earlier one's.
+        """
+        if not any(e.plans for e in entries):
+            return
+        from .codeswap import same_code
+
+        before: dict[tuple[str, str], types.CodeType] = {}  # (module, qualname) -> code before this patch
+        for entry in entries:
+            changed = []
+            for plan in entry.plans:
+                for fn, old, new in plan.swaps:
+                    key = (plan.module.__name__, new.co_qualname)
+                    # Functions only: a swap never runs a class body or module-level code again.
+                    if new.co_flags & 0x0001 and not same_code(before.setdefault(key, old), new):
+                        changed.append(fn.__code__)
+                    before[key] = new
+            self.watch(entry.id, changed)
+
+    def report(self) -> list[dict[str, Any]]:
+        """Per applied fix: ``id``, ``calls`` (runs of its changed functions; None when it changed no
+        function, only definitions) and ``silent`` (its ``Silent:`` field)."""
+        from .._state import PatchState
+        from .job_lines import silent_note
+
+        counts, watched = self.counts(), self.watched()
+        return [
+            {"id": e.id, "calls": counts.get(e.id, 0) if e.id in watched else None, "silent": silent_note(e)}
+            for e in self._entries()
+            if e.state == PatchState.APPLIED
+        ]
+
+    def _dump(self) -> None:
+        """At exit, under compare's reach plugin: this process's counts, for the test that started it."""
+        folder = os.environ.get("TORCH_OVERLAY_REACH_DIR")  # DUMP_DIR
+        if folder:
+            dump(self.counts(), folder)
 
     def watched(self) -> set[str]:
         """The fixes with at least one watched code object."""
