@@ -42,7 +42,7 @@ Usage: ./build.sh VERB [ARGS]
                        (--ids: verify only those fixes; the others read "not run"); also stores
                        what each reproducer raises without the overlay in patches/captured/<release>.json
                        (or DIR/<release>.json)
-  compare TEST_FILE [--timeout S] [-- PYTEST ARGS]
+  compare TEST_FILE [--timeout S] [--no-reach] [-- PYTEST ARGS]
                        run a test file (e.g. PyTorch's own, fetched into a scratch folder) without
                        and with the overlay; list every test whose outcome differs (exit 1 if a
                        test that passes without the overlay fails with it), and each test's time

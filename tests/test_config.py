@@ -50,6 +50,15 @@ def test_strict_on():
     assert load_config({"TORCH_OVERLAY_STRICT": "yes"}).strict is True
 
 
+def test_reach_switch():
+    assert load_config({}).reach is False
+    assert load_config({"TORCH_OVERLAY_REACH": "on"}).reach is True
+    config = load_config({"TORCH_OVERLAY_REACH": "all"})
+    assert config.reach is False
+    (problem,) = config.problems
+    assert "TORCH_OVERLAY_REACH='all'" in problem and "not watched" in problem
+
+
 def test_code_cache_switch():
     assert load_config({}).code_cache is True
     assert load_config({"TORCH_OVERLAY_CODE_CACHE": "no"}).code_cache is False

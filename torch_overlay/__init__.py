@@ -34,12 +34,18 @@ __all__ = [
     "get_original",
     "guard_replicas",
     "is_patched",
+    "reach",
     "revert",
     "status",
 ]
 
 _overlay = Overlay()
 _overlay.activate()
+# TORCH_OVERLAY_REACH=1: how often each fix's changed functions run (engine/reach.py; nothing when off).
+if _overlay.config.enabled and _overlay.config.reach:
+    from .engine.reach import Reach as _Reach
+
+    _overlay.reach = _Reach(_overlay._roster.made).watch_live(_overlay._roster.components)
 # Under TORCH_OVERLAY_STRICT=1 the warnings that the series adds to torch's code raise too.
 if _overlay.config.enabled and _overlay.config.strict:
     from .engine.strict_warnings import install as _raise_patch_warnings
@@ -67,6 +73,13 @@ def revert() -> list[str]:
     (``TORCH_OVERLAY_DISABLE=<id>``).
     """
     return _overlay.revert()
+
+
+def reach() -> list[dict[str, Any]] | None:
+    """Per applied fix, how often this process ran the functions it changed (``calls``; None for a
+    fix that changed only definitions) and, for a silent bug, what a run without it does
+    (``silent``); None unless ``TORCH_OVERLAY_REACH=1``."""
+    return None if _overlay.reach is None else _overlay.reach.report()
 
 
 def is_patched(obj: object) -> bool:

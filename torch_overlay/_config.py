@@ -37,6 +37,7 @@ SWITCHES = (
     "TORCH_OVERLAY_CHILDREN",
     "TORCH_OVERLAY_CHECK_RANKS",
     "TORCH_OVERLAY_QUIET",
+    "TORCH_OVERLAY_REACH",
 )
 # Read by build.sh, CI and the tests, not by the overlay: known, so never mistaken for a typo.
 _TOOLING = (
@@ -44,6 +45,7 @@ _TOOLING = (
     "TORCH_OVERLAY_BASE_PYTHON",
     "TORCH_OVERLAY_SKIP_WHEEL_TEST",
     "TORCH_OVERLAY_TEST_LEG",
+    "TORCH_OVERLAY_REACH_DIR",  # compare's reach plugin: where a test's processes leave their counts
 )
 KNOWN_VARIABLES = frozenset((*SWITCHES, *_TOOLING, REPORTED))
 # The switches that name a folder: read as an absolute path (a relative one is taken from the
@@ -90,6 +92,7 @@ class Config:
         "children",
         "check_ranks",
         "quiet",
+        "reach",
         "cache_dir",
         "problems",
     )
@@ -104,6 +107,7 @@ class Config:
         children: bool = True,  # TORCH_OVERLAY_CHILDREN=0: child Pythons do not inherit the overlay
         check_ranks: str = "off",  # TORCH_OVERLAY_CHECK_RANKS=warn|fail (1 = warn): see checks/ranks_hook.py
         quiet: bool = False,  # TORCH_OVERLAY_QUIET=1: no job lines (which torch, which fixes); warnings stay
+        reach: bool = False,  # TORCH_OVERLAY_REACH=1: count the runs of each fix's changed functions (engine/reach.py)
         cache_dir: Path | None = None,  # None: default_cache_dir(os.environ)
         # One message per switch whose value was not understood (and what was done instead), and per
         # TORCH_OVERLAY_* variable that is no switch. load_config does not warn: the engine reports
@@ -119,6 +123,7 @@ class Config:
             children=children,
             check_ranks=check_ranks,
             quiet=quiet,
+            reach=reach,
             cache_dir=default_cache_dir(os.environ) if cache_dir is None else cache_dir,
             problems=problems,
         )
@@ -224,6 +229,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
     code_cache = switch("TORCH_OVERLAY_CODE_CACHE", True, "the code cache is off")
     children = switch("TORCH_OVERLAY_CHILDREN", True, "child processes do not inherit the overlay")
     quiet = switch("TORCH_OVERLAY_QUIET", False, "the job's lines are shown")
+    reach = switch("TORCH_OVERLAY_REACH", False, "the fixes' changed code is not watched")
     check_ranks, problem = _check_ranks(env.get("TORCH_OVERLAY_CHECK_RANKS"))
     problems += [problem] if problem else []
     problems += _unknown_variables(env)
@@ -240,6 +246,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
         children=children,
         check_ranks=check_ranks,
         quiet=quiet,
+        reach=reach,
         cache_dir=default_cache_dir(env),
         problems=tuple(problems),
     )

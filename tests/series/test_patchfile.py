@@ -30,6 +30,15 @@ def test_fields_description_and_hunks(tmp_path):
     assert hunk.side(reverse=True) == (["def f():", "    return 2"], ["def f():", "    return 1"])
 
 
+def test_silent_is_a_field_not_upstream_text(tmp_path):
+    """``Silent:`` (what a run without the fix does) is read as a field: never part of the summary
+    that ``stage`` sends upstream."""
+    text = make_patch("some-fix", [make_diff("torch/a.py", OLD, NEW)], Silent="gradients reduced in bf16")
+    patch = parse_patch(tmp_path / "x.patch", text)
+    assert patch.fields["Silent"] == "gradients reduced in bf16"
+    assert "bf16" not in patch.description
+
+
 @pytest.mark.parametrize(
     "mutate, message, line",
     [

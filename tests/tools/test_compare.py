@@ -186,7 +186,7 @@ def test_lists_times_and_flags_a_slowdown(tmp_path: Path, monkeypatch: pytest.Mo
     # the real thresholds (5 s) would make this test slow
     monkeypatch.setattr(compare_module, "SLOWDOWN_SECONDS", 1.0)
     out = io.StringIO()
-    assert run_compare(path, out=out) == 0  # a slowdown is a finding, not a failure
+    assert run_compare(path, out=out, reach=False) == 0  # a slowdown is a finding, not a failure
     text = out.getvalue()
     assert "time of the tests that pass both ways (without -> with, ratio):\n" in text
     line = r"\n  SLOWDOWN test_slower::test_slower_with_the_overlay: 0\.\d s -> 1\.\d s \(x\d+\.\d\d\)\n"
@@ -194,3 +194,55 @@ def test_lists_times_and_flags_a_slowdown(tmp_path: Path, monkeypatch: pytest.Mo
     assert "(1 test(s) under 1 s either way not listed)" in text
     assert "1 test(s) slower with the overlay (over x1.2 and 1 s more;" in text
     assert "no test of test_slower.py changes outcome with the overlay (2 tests)" in text
+    assert "reach" not in text
+
+
+# A DTensor op under a fake process group (its sharding propagation runs the new_factory_strategy that
+# dtensor-new-factory-shard-partial changes), in the test's process and in a child; a test without it.
+_REACHES = '''
+import subprocess
+import sys
+
+import torch
+
+
+def test_plain_tensors():
+    assert (torch.ones(2) + 1).sum() == 4
+
+
+NEW_ONES = """
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+x = distribute_tensor(torch.ones(4, 4), init_device_mesh("cpu", (2,)), [Shard(0)])
+assert x.new_ones((4, 4)).to_local().shape == (4, 4)
+dist.destroy_process_group()
+"""
+
+
+def test_dtensor_new_ones():
+    exec(NEW_ONES, {})
+
+
+def test_dtensor_new_ones_in_a_child():  # like a rank of a multi-process test
+    subprocess.run([sys.executable, "-c", NEW_ONES], check=True)
+'''
+
+
+def test_reach_counts_the_tests_that_ran_a_fixs_changed_code(tmp_path: Path) -> None:
+    path = tmp_path / "test_reaches.py"
+    path.write_text(_REACHES, encoding="utf-8")
+    out = io.StringIO()
+    assert run_compare(path, out=out) == 0
+    text = out.getvalue()
+    assert "reach: tests (of 3) that ran a fix's changed functions, with the overlay:\n" in text, text
+    if "dtensor-new-factory-shard-partial" not in text:
+        pytest.skip("dtensor-new-factory-shard-partial does not apply to this torch")
+    # The test that runs the op and the one whose child does (its count is written at the child's exit).
+    assert re.search(r"\n  dtensor-new-factory-shard-partial: 2 test\(s\), \d+ call\(s\)\n", text), text
+    # A fix applied in that process (torch imports torch.nn.utils) that no test called.
+    idle = re.search(r"\n  applied, reached by no test \(\d+\): (.*)\n", text)
+    assert idle and "clip-grad-norm-mixed-meshes" in idle.group(1).split(", "), text

@@ -100,7 +100,8 @@ def test_stage_one_commit_per_patch(release, checkout, build_cli, no_git_identit
         assert not added & other_classes(step.patch.id), (step.patch.id, added & other_classes(step.patch.id))
         pr = co.git_dir() / "torch-overlay" / branch.replace("/", "-") / f"{step.patch.id}.md"
         assert pr.read_text().startswith(f"# {title}\n") and command in pr.read_text()
-        # Upstream reads neither about this project nor its test layout.
+        # Upstream reads neither about this project nor its test layout, nor what a job said about it.
+        assert not _field(step, "Silent") or _field(step, "Silent") not in message, step.patch.id
         for text in (message, pr.read_text()):
             leaks = re.findall(r"overlay|tests/fixes|\bvariants?\b", text, re.I)
             assert not leaks, f"{step.patch.id}: staged text names {leaks}"

@@ -105,7 +105,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     problems = torch_overlay._overlay.problems
     probe = None if args.lazy or not torch_overlay._overlay.config.enabled else late_import_probe()
     if args.json:
-        print(to_json(rows, torch=torch_version(), **({"late_import": probe} if probe is not None else {})))
+        extra: dict[str, object] = {"late_import": probe} if probe is not None else {}
+        reach = torch_overlay.reach()  # TORCH_OVERLAY_REACH=1: what this process ran, importing included
+        if reach is not None:
+            extra["reach"] = reach
+        print(to_json(rows, torch=torch_version(), **extra))
     else:
         width = shutil.get_terminal_size((120, 24)).columns
         patches = {p.id: p for p in torch_overlay._overlay.patches()}

@@ -24,7 +24,7 @@ from typing import Any
 
 from .codecache import CodeCache
 
-__all__ = ["CodeSwapError", "SwapPlan", "plan_swap"]
+__all__ = ["CodeSwapError", "same_code", "SwapPlan", "plan_swap"]
 
 _MISSING = object()
 _NEW_STATEMENTS = (
@@ -56,7 +56,7 @@ def _shape(node: object) -> str:
     return repr(node)
 
 
-def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
+def same_code(a: types.CodeType, b: types.CodeType) -> bool:
     """Equal bytecode and constants, ignoring file names and line numbers."""
     if (
         a.co_code != b.co_code
@@ -75,7 +75,7 @@ def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
         return False
     for x, y in zip(a.co_consts, b.co_consts):
         if isinstance(x, types.CodeType) or isinstance(y, types.CodeType):
-            if not (isinstance(x, types.CodeType) and isinstance(y, types.CodeType) and _same_code(x, y)):
+            if not (isinstance(x, types.CodeType) and isinstance(y, types.CodeType) and same_code(x, y)):
                 return False
         elif type(x) is not type(y) or x != y:
             return False
@@ -281,10 +281,10 @@ def plan_swap(
                 continue  # a closure whose parent no longer creates it; the parent is swapped
             raise CodeSwapError(f"{module.__name__}.{qualname} is not defined by the patched source")
         distinct = {id(fn.__code__): fn.__code__ for fn in fns}.values()
-        unmatched_live = [c for c in distinct if not any(_same_code(c, n) for n in candidates)]
+        unmatched_live = [c for c in distinct if not any(same_code(c, n) for n in candidates)]
         if not unmatched_live:
             continue
-        unmatched_new = [n for n in candidates if not any(_same_code(c, n) for c in distinct)]
+        unmatched_new = [n for n in candidates if not any(same_code(c, n) for c in distinct)]
         if len(unmatched_new) != 1 or len(unmatched_live) != 1:
             raise CodeSwapError(f"{module.__name__}.{qualname}: cannot tell which definition the patch changes")
         old, new = unmatched_live[0], unmatched_new[0]

@@ -5,11 +5,21 @@ to modules imported before the overlay (engine/overlay.py says them)."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from .._state import PatchState
 from .components import Entry
 
-__all__ = ["job_end_line", "job_start_line", "LATE", "LATE_REMEDY", "late_warning", "summary_line"]
+__all__ = [
+    "job_end_line",
+    "job_start_line",
+    "LATE",
+    "LATE_REMEDY",
+    "late_warning",
+    "reach_part",
+    "silent_note",
+    "summary_line",
+]
 
 # The first words of the reason of a patch lost because its module ran before the overlay.
 LATE = "imported too late"
@@ -74,9 +84,41 @@ def job_start_line(entries: list[Entry], version: str, unmade: int = 0) -> str:
     return line + ". `python -m torch_overlay status` says more; TORCH_OVERLAY_QUIET=1 hides this."
 
 
-def job_end_line(entries: list[Entry], rank: str, unmade: int = 0) -> str:
+def silent_note(entry: Entry) -> str:
+    """The fix's ``Silent:`` field: what a run without it does, where its bug says nothing."""
+    try:
+        if entry.variant is not None and entry.variant.field("Silent"):
+            return entry.variant.field("Silent")
+        main = entry.patch.main
+        return main.field("Silent") if main is not None else ""
+    except Exception:  # noqa: BLE001 - said at exit: a patch file changed since is no reason to fail
+        return ""
+
+
+def reach_part(reach: list[dict[str, Any]]) -> str:
+    """``changed code run: a (3 calls), b (1200 calls; without the overlay: ...); not run: 10 fixes``
+    (``reach``: :meth:`.reach.Reach.report`'s rows)."""
+    ran = [r for r in reach if r["calls"]]
+    idle = [r for r in reach if r["calls"] == 0]
+    unwatched = [r for r in reach if r["calls"] is None]
+
+    def said(row: dict[str, Any]) -> str:
+        calls = f"{row['calls']} call{'' if row['calls'] == 1 else 's'}"
+        return f"{row['id']} ({calls}" + (f"; without the overlay: {row['silent']})" if row["silent"] else ")")
+
+    part = f"changed code run by {len(ran)} fix{'' if len(ran) == 1 else 'es'}" + (
+        f": {', '.join(said(r) for r in ran)}" if ran else ""
+    )
+    if idle:
+        part += f"; not run by the other {len(idle)}"
+    if unwatched:
+        part += f"; {len(unwatched)} changed definitions only (not counted)"
+    return part
+
+
+def job_end_line(entries: list[Entry], rank: str, unmade: int = 0, reach: list[dict[str, Any]] | None = None) -> str:
     """``torch_overlay: 12 fixes applied in this process: ...; 16 not used ...`` (``unmade``: as
-    for :func:`job_start_line`)."""
+    for :func:`job_start_line`); with ``reach`` (TORCH_OVERLAY_REACH=1), which fixes' changed code ran."""
     applied = [e.id for e in entries if e.state == PatchState.APPLIED]
     unused = len([e for e in entries if e.state == PatchState.PENDING]) + unmade
     lost = _lost(entries)
@@ -92,4 +134,6 @@ def job_end_line(entries: list[Entry], rank: str, unmade: int = 0) -> str:
         parts.append(f"{len(lost)} lost: imported too late ({modules}): {ids}")
     if broken:
         parts.append(f"{len(broken)} drifted or failed: {', '.join(broken)}")
+    if reach is not None:
+        parts.append(reach_part(reach))
     return "torch_overlay: " + "; ".join(parts)

@@ -16,6 +16,8 @@ from .codecache import CodeCache
 __all__ = ["ModuleCode", "compile_module", "load_module_code", "module_code_key_fits", "MODULE_LEVEL", "TAG"]
 
 MODULE_LEVEL = "<module>"
+# inspect.CO_OPTIMIZED (a function's code), without importing inspect on every `import torch`.
+_CO_OPTIMIZED = 0x0001
 
 
 class ModuleCode:
@@ -64,6 +66,15 @@ class ModuleCode:
         walk(self.code)
         return found
 
+    def changed_functions(self) -> dict[str, list[types.CodeType]]:
+        """Patch id -> the code of the functions its hunks touch (what reach watches): not class
+        bodies or module-level code, which run once, when the module is executed."""
+        by_name: dict[str, list[types.CodeType]] = {}
+        for code in self.patched_codes():
+            if code.co_flags & _CO_OPTIMIZED:
+                by_name.setdefault(code.co_qualname, []).append(code)
+        return {pid: [c for q in names for c in by_name.get(q, [])] for pid, names in self.changed.items()}
+
 
 def _qualnames_by_line(tree: ast.Module) -> list[tuple[int, int, str]]:
     """(first line, last line, qualname) of every def and class, as CPython names them."""
@@ -87,17 +98,25 @@ def _changed_qualnames(before: str, after: str, tree: ast.Module) -> list[str]:
     """Innermost def/class around each line ``after`` adds or replaces (or where it deletes)."""
     old, new = before.splitlines(), after.splitlines()
     lines: set[int] = set()
-    for tag, _, _, j1, j2 in difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes():
-        if tag != "equal":
-            lines.update(range(j1 + 1, max(j2, j1 + 1) + 1))
-    spans = _qualnames_by_line(tree)
+    deleted: set[int] = set()  # lines of ``before`` that ``after`` drops without replacing
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes():
+        if tag == "delete":
+            deleted.update(range(i1 + 1, i2 + 1))
+        elif tag != "equal":
+            lines.update(range(j1 + 1, j2 + 1))
     out: dict[str, None] = {}
-    for line in sorted(lines):
-        text = new[line - 1].strip() if line <= len(new) else ""
-        if not text or text.startswith("#"):
-            continue  # blank lines and comments change no code
-        inside = [s for s in spans if s[0] <= line <= s[1]]
-        out.setdefault(max(inside, key=lambda s: s[0])[2] if inside else MODULE_LEVEL, None)
+
+    def innermost(numbers: set[int], text: list[str], spans: list[tuple[int, int, str]]) -> None:
+        for line in sorted(numbers):
+            code = text[line - 1].strip() if line <= len(text) else ""
+            if not code or code.startswith("#"):
+                continue  # blank lines and comments change no code
+            inside = [s for s in spans if s[0] <= line <= s[1]]
+            out.setdefault(max(inside, key=lambda s: s[0])[2] if inside else MODULE_LEVEL, None)
+
+    innermost(lines, new, _qualnames_by_line(tree))
+    if deleted:  # what held the deleted lines, as ``before`` has it (what follows them may be another def)
+        innermost(deleted, old, _qualnames_by_line(ast.parse(before)))
     # A function and closures inside it: the function says it.
     return [q for q in out if not any(q.startswith(f"{p}.<locals>.") for p in out)]
 

@@ -37,6 +37,7 @@ from .voice import claim_exit_line, says, tell, warn
 if TYPE_CHECKING:
     from .codecache import CodeCache
     from .invalidate import CompileCacheSalt
+    from .reach import Reach
 
 __all__ = ["Overlay"]
 
@@ -68,6 +69,7 @@ class Overlay:
         self.problems: list[str] = []  # the series or a switch could not be read as given
         self._imports = FailedImports(lambda entry, why: self._set(entry, PatchState.FAILED, why))
         self._late: list[Entry] = []  # lost to a late import, not yet warned about (one warning for all)
+        self.reach: Reach | None = None  # TORCH_OVERLAY_REACH=1: how often each fix's changed code ran
 
     @property
     def _cache(self) -> CodeCache:
@@ -127,7 +129,7 @@ class Overlay:
                 if any(t.module in sys.modules for t in component.targets.values()):
                     self._decide(component, importing=None, warn_late=False)
             self._warn_late()  # one warning for every component a late import cost
-            self._raise_if_strict(self._roster.made())
+            _raise_if_strict(self.config, self._roster.made())
             self._maybe_log_summary()
             if self.job_lines and self._environ is not None and claim_exit_line(self._environ):
                 import atexit
@@ -171,6 +173,8 @@ class Overlay:
             entry.swapped = entry.changes & imported
             entry.reason = outcome.reason
             self._update(entry)
+        if self.reach is not None:
+            self.reach.watch_swaps(component.entries)
         if any(e.swapped for e in component.entries):
             self._after_change(sorted({m for e in component.entries for m in e.swapped}))
         if warn_late:
@@ -211,7 +215,7 @@ class Overlay:
                 return None
             if not component.decided:
                 self._decide(component, importing=name)
-            self._raise_if_strict(component.entries)
+            _raise_if_strict(self.config, component.entries)
             self._imports.new_try(name)
             from .decider import plan_for_import
 
@@ -221,10 +225,12 @@ class Overlay:
             if not ready:
                 for entry in plan.entries:
                     self._set(entry, PatchState.FAILED, f"{plan.target.path} changed on disk since the patch was decided")
-                self._raise_if_strict(plan.entries)
+                _raise_if_strict(self.config, plan.entries)
                 return None
             assert plan.code is not None
             plan.code.register_source()
+            if self.reach is not None:
+                self.reach.watch_module(plan.code)
             return plan.code.code, plan.code.text
 
     def _on_imported(self, name: str) -> None:
@@ -252,13 +258,6 @@ class Overlay:
         with self._lock:
             self._imports.patched_code_raised(self._by_module.get(module.__name__), module.__name__, exc, retry)
         return retry
-
-    def _raise_if_strict(self, entries: list[Entry]) -> None:
-        if not self.config.strict:
-            return
-        for entry in entries:
-            if entry.state in (PatchState.DRIFT, PatchState.FAILED):
-                raise OverlayError(f"torch_overlay: patch {entry.id} {entry.state}: {entry.reason}")
 
     def _after_change(self, modules: list[str]) -> None:
         try:
@@ -324,7 +323,8 @@ class Overlay:
         if not (self._started and self.job_lines and self._says_exit_line) or _AGENT_MODULE in sys.modules:
             return
         with self._lock:
-            line = job_end_line(self._roster.made(), os.environ.get("RANK", "").strip(), unmade=self._roster.unmade())
+            reach = None if self.reach is None else self.reach.report()
+            line = job_end_line(self._roster.made(), os.environ.get("RANK", "").strip(), self._roster.unmade(), reach)
         tell(line)
 
     def status(self) -> list[PatchStatus]:
@@ -360,6 +360,15 @@ class Overlay:
             from . import originals
 
             return originals.get_original(obj, self._roster.made(), self._by_module)
+
+
+def _raise_if_strict(config: Config, entries: list[Entry]) -> None:
+    """Under TORCH_OVERLAY_STRICT=1, the first drifted or failed patch of ``entries`` raises."""
+    if not config.strict:
+        return
+    for entry in entries:
+        if entry.state in (PatchState.DRIFT, PatchState.FAILED):
+            raise OverlayError(f"torch_overlay: patch {entry.id} {entry.state}: {entry.reason}")
 
 
 def _mode(entry: Entry) -> str:

@@ -31,6 +31,7 @@ KNOWN_FIELDS = (
     "Guard-Test",
     "Upstream-Guard-Test",
     "Error-Test",
+    "Silent",
     "Last-Update",
 )
 # Fields that may appear more than once; each occurrence is kept, in order (``PatchFile.errors``).

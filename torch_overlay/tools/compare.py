@@ -11,6 +11,7 @@ slowdown (a finding to look into, not a failure: one run of each side on a share
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -32,6 +33,9 @@ SLOWDOWN_RATIO = 1.2
 SLOWDOWN_SECONDS = 5.0
 # Tests shorter than this either way are left out of the table of times.
 _LIST_SECONDS = 1.0
+# What the run with the overlay says about reach (tools/reach_plugin.py), in compare's folder.
+REACH_FILE = "reach.json"
+REACH_OPTION = "--overlay-reach"  # the plugin's option: where it writes that file
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,9 @@ def compare(without: dict[str, str], with_: dict[str, str]) -> list[Difference]:
     ]
 
 
-def _run(test_file: Path, pytest_args: list[str], overlay: bool, folder: Path, timeout: float | None) -> Path:
+def _run(
+    test_file: Path, pytest_args: list[str], overlay: bool, folder: Path, timeout: float | None, reach: bool = True
+) -> Path:
     report = folder / f"junit-{'with' if overlay else 'without'}.xml"
     env = launch_env(os.environ)
     env["TORCH_OVERLAY"] = "1" if overlay else "0"
@@ -104,6 +110,9 @@ def _run(test_file: Path, pytest_args: list[str], overlay: bool, folder: Path, t
     cache = folder / ("cache-with" if overlay else "cache-without")
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    if overlay and reach:  # which tests ran each fix's changed code (tools/reach_plugin.py)
+        env["TORCH_OVERLAY_REACH"] = "1"
+        cmd += ["-p", "torch_overlay.tools.reach_plugin", f"{REACH_OPTION}={folder / REACH_FILE}"]
     cmd += [f"--junitxml={report}", test_file.name, *pytest_args]
     log = folder / f"pytest-{'with' if overlay else 'without'}.log"
     with open(log, "wb") as f:
@@ -131,6 +140,7 @@ def run_compare(
     *,
     timeout: float | None = None,
     out: TextIO | None = None,
+    reach: bool = True,
 ) -> int:
     out = out or sys.stdout
     test_file = Path(test_file).resolve()
@@ -140,7 +150,7 @@ def run_compare(
     with tempfile.TemporaryDirectory(prefix="torch_overlay-compare-") as tmp:
         sides, times = {}, {}
         for overlay in (False, True):
-            report = _run(test_file, pytest_args or [], overlay, Path(tmp), timeout)
+            report = _run(test_file, pytest_args or [], overlay, Path(tmp), timeout, reach)
             if not report.is_file():
                 side = "with" if overlay else "without"
                 out.write(f"error: the run {side} the overlay wrote no report (timed out or crashed)")
@@ -149,6 +159,7 @@ def run_compare(
                 return 2
             sides[overlay] = outcomes(report)
             times[overlay] = durations(report)
+        counted = _read_reach(Path(tmp) / REACH_FILE) if reach else None
     without, with_ = sides[False], sides[True]
     diffs = compare(without, with_)
     # Only tests that pass both ways are timed against each other: a failure can end a test early.
@@ -167,7 +178,9 @@ def run_compare(
     if both:
         out.write(f"failing without and with the overlay ({len(both)}):\n")
         out.writelines(f"  {test}: {without[test]}\n" for test in both)
-    _write_times(out, t_without, t_with, slow)
+    _write_times(out, t_without, t_with, slow, reach)
+    if reach:
+        _write_reach(out, counted)
     if not diffs:
         out.write(f"no test of {test_file.name} changes outcome with the overlay ({len(without)} tests)\n")
         return 0
@@ -177,11 +190,39 @@ def run_compare(
     return 1 if any(d.regression for d in diffs) else 0
 
 
-def _write_times(out: TextIO, without: dict[str, float], with_: dict[str, float], slow: list[Slowdown]) -> None:
+def _read_reach(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _write_reach(out: TextIO, reach: dict | None) -> None:
+    """Per fix, how many tests ran its changed functions: no changed outcome proves more than that."""
+    if reach is None:
+        out.write("reach: not recorded (the run with the overlay wrote no reach file)\n")
+        return
+    fixes = reach["fixes"]
+    ran = sorted((f for f, r in fixes.items() if r["tests"]), key=lambda f: (-fixes[f]["tests"], f))
+    idle = sorted(f for f, r in fixes.items() if not r["tests"] and r["calls"] is not None)
+    unwatched = sorted(f for f, r in fixes.items() if r["calls"] is None)
+    out.write(f"reach: tests (of {reach['tests']}) that ran a fix's changed functions, with the overlay:\n")
+    out.writelines(f"  {f}: {fixes[f]['tests']} test(s), {fixes[f]['calls']} call(s)\n" for f in ran)
+    if idle:
+        out.write(f"  applied, reached by no test ({len(idle)}): {', '.join(idle)}\n")
+    if unwatched:
+        out.write(f"  changing definitions only, not counted ({len(unwatched)}): {', '.join(unwatched)}\n")
+
+
+def _write_times(
+    out: TextIO, without: dict[str, float], with_: dict[str, float], slow: list[Slowdown], reach: bool
+) -> None:
     listed = sorted(t for t in without if max(without[t], with_[t]) >= _LIST_SECONDS)
     flagged = {s.test for s in slow}
     if listed:
-        out.write("time of the tests that pass both ways (without -> with, ratio):\n")
+        # Reach's profile function (Python 3.11) slows the run with the overlay: say so where times are read.
+        cost = ", reach counted: --no-reach to time without it" if reach and sys.version_info < (3, 12) else ""
+        out.write(f"time of the tests that pass both ways (without -> with, ratio{cost}):\n")
         for t in listed:
             ratio = Slowdown(t, without[t], with_[t]).ratio
             mark = "SLOWDOWN " if t in flagged else ""

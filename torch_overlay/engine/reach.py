@@ -1,0 +1,234 @@
+"""Reach: how often this process ran the code each fix changed (``TORCH_OVERLAY_REACH=1``).
+
+Only the code objects of the functions a fix's hunks touch are watched (``ModuleCode.changed``,
+a late swap's new code), never the rest of a patched module. Python 3.12+ turns ``sys.monitoring``'s
+PY_START event on for those code objects alone: other code runs exactly as without it. Python 3.11
+has no per-code event: a profile function (``sys.setprofile``, ``threading.setprofile``, installed
+when the first code is watched) is called for every Python and C call of the threads Python starts,
+and returns at once unless the frame's code is watched. C++ threads that run Python (autograd's
+device threads, which run backward hooks on GPU) are not seen on 3.11.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import tempfile
+import threading
+import types
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .components import Component, Entry
+    from .modcode import ModuleCode
+
+__all__ = ["DUMP_DIR", "dump", "Reach", "read_dumps"]
+
+# The name our sys.monitoring tool is registered under.
+_TOOL_NAME = "torch_overlay reach"
+# Set by compare's pytest plugin (tools/reach_plugin.py) around each test: a process that ends
+# while it is set (a test's ranks) writes its counts there, one file per process.
+DUMP_DIR = "TORCH_OVERLAY_REACH_DIR"
+
+
+class Reach:
+    """The watched code objects and how often each ran; per fix on demand (``entries``: the
+    overlay's entries so far, for :meth:`report`)."""
+
+    def __init__(self, entries: Callable[[], list[Entry]]) -> None:
+        self._entries = entries
+        self._fixes: dict[int, tuple[str, ...]] = {}  # id(code) -> the fixes that changed it
+        self._codes: dict[int, types.CodeType] = {}  # holds each watched code: its id stays its own
+        self._calls: dict[int, int] = {}  # id(code) -> runs; the hot path's only data
+        self._lock = threading.Lock()
+        self._backend: _Profile | _Monitoring | None = None
+        # A forked child counts its own runs (its dump would repeat the parent's otherwise).
+        os.register_at_fork(after_in_child=self._forget_runs)
+        atexit.register(self._dump)
+
+    def _forget_runs(self) -> None:
+        for key in self._calls:
+            self._calls[key] = 0
+
+    def watch(self, fix: str, codes: Iterable[types.CodeType]) -> None:
+        """Count the runs of ``codes`` for ``fix`` from now on."""
+        with self._lock:
+            for code in codes:
+                key = id(code)
+                fixes = self._fixes.get(key, ())
+                if fix in fixes:
+                    continue
+                self._fixes[key] = (*fixes, fix)
+                if key in self._codes:
+                    continue
+                self._codes[key] = code
+                self._calls[key] = 0
+                if self._backend is None:
+                    self._backend = _Monitoring(self._calls) if hasattr(sys, "monitoring") else _Profile(self._calls)
+                self._backend.add(code)
+
+    def watch_live(self, components: Iterable[Component]) -> Reach:
+        """Watch what already runs patched code: modules executed, functions swapped. Set as the
+        overlay's ``reach``, it then watches the code of each patch it applies later."""
+        for component in components:
+            for name, plan in component.modules.items():
+                if plan.code is not None and name in sys.modules:
+                    self.watch_module(plan.code)
+        self.watch_swaps(self._entries())
+        return self
+
+    def watch_module(self, code: ModuleCode) -> None:
+        """The functions of a module's patched code that each patch changed (before it executes)."""
+        for pid, codes in code.changed_functions().items():
+            self.watch(pid, codes)
+
+    def watch_swaps(self, entries: list[Entry]) -> None:
+        """The live code of each function a late swap of ``entries`` (in series order) changed.
+
+        A later patch of a module swaps the functions an earlier one changed too (each plan goes
+        from the code as imported to the text after its patch): it changed those only if its code
+        differs from the earlier one's.
+        """
+        if not any(e.plans for e in entries):
+            return
+        from .codeswap import same_code
+
+        before: dict[tuple[str, str], types.CodeType] = {}  # (module, qualname) -> code before this patch
+        for entry in entries:
+            changed = []
+            for plan in entry.plans:
+                for fn, old, new in plan.swaps:
+                    key = (plan.module.__name__, new.co_qualname)
+                    # Functions only: a swap never runs a class body or module-level code again.
+                    if new.co_flags & 0x0001 and not same_code(before.setdefault(key, old), new):
+                        changed.append(fn.__code__)
+                    before[key] = new
+            self.watch(entry.id, changed)
+
+    def report(self) -> list[dict[str, Any]]:
+        """Per applied fix: ``id``, ``calls`` (runs of its changed functions; None when it changed no
+        function, only definitions) and ``silent`` (its ``Silent:`` field)."""
+        from .._state import PatchState
+        from .job_lines import silent_note
+
+        counts, watched = self.counts(), self.watched()
+        return [
+            {"id": e.id, "calls": counts.get(e.id, 0) if e.id in watched else None, "silent": silent_note(e)}
+            for e in self._entries()
+            if e.state == PatchState.APPLIED
+        ]
+
+    def _dump(self) -> None:
+        """At exit, under compare's reach plugin: this process's counts, for the test that started it."""
+        folder = os.environ.get("TORCH_OVERLAY_REACH_DIR")  # DUMP_DIR
+        if folder:
+            dump(self.counts(), folder)
+
+    def watched(self) -> set[str]:
+        """The fixes with at least one watched code object."""
+        with self._lock:
+            return {fix for fixes in self._fixes.values() for fix in fixes}
+
+    def counts(self) -> dict[str, int]:
+        """Fix id -> how many times its changed code ran so far (a call of each function it changed)."""
+        with self._lock:
+            runs = dict(self._calls)
+            fixes = dict(self._fixes)
+        out: dict[str, int] = {}
+        for key, n in runs.items():
+            for fix in fixes[key]:
+                out[fix] = out.get(fix, 0) + n
+        return out
+
+    def stop(self) -> None:
+        """Stop counting (the counts so far stay)."""
+        with self._lock:
+            if self._backend is not None:
+                self._backend.stop()
+
+
+def dump(counts: dict[str, int], folder: str) -> None:
+    """Write ``counts`` (those run) into ``folder`` as this process's file, whole or not at all."""
+    import json
+
+    ran = {fix: n for fix, n in counts.items() if n}
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(ran, f)
+        os.replace(tmp, os.path.join(folder, f"{os.getpid()}.json"))
+    except OSError:  # at exit, the test that made the folder may be gone: nothing to tell it
+        pass
+
+
+def read_dumps(folder: Path) -> dict[str, int]:
+    """The counts the processes that ended wrote into ``folder``, added up."""
+    import json
+
+    out: dict[str, int] = {}
+    for path in folder.glob("*.json"):
+        try:
+            for fix, n in json.loads(path.read_text()).items():
+                out[fix] = out.get(fix, 0) + int(n)
+        except (OSError, ValueError, AttributeError):
+            continue
+    return out
+
+
+class _Profile:
+    """Python 3.11: a profile function on this thread and on the threads started after it."""
+
+    def __init__(self, calls: dict[int, int]) -> None:
+        def on_event(frame: types.FrameType, event: str, arg: object) -> None:
+            # Every call and return of the thread comes here: as little as possible before leaving.
+            if event == "call":
+                key = id(frame.f_code)
+                if key in calls:
+                    calls[key] += 1
+
+        self._hook = on_event
+        sys.setprofile(on_event)
+        threading.setprofile(on_event)
+
+    def add(self, code: types.CodeType) -> None:
+        """Nothing to do: the profile function looks ``code`` up in ``calls``."""
+
+    def stop(self) -> None:
+        if sys.getprofile() is self._hook:
+            sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+
+class _Monitoring:
+    """Python 3.12+: PY_START turned on for each watched code object alone."""
+
+    def __init__(self, calls: dict[int, int]) -> None:
+        monitoring = sys.monitoring  # type: ignore[attr-defined]
+        self._monitoring = monitoring
+        self._tool = None
+        for tool in (4, 3, 5, 1):  # the ids no standard tool claims first (0 debugger, 2 profiler)
+            if monitoring.get_tool(tool) is None:
+                monitoring.use_tool_id(tool, _TOOL_NAME)
+                self._tool = tool
+                break
+
+        def on_start(code: types.CodeType, offset: int) -> None:
+            key = id(code)
+            if key in calls:
+                calls[key] += 1
+
+        if self._tool is not None:
+            monitoring.register_callback(self._tool, monitoring.events.PY_START, on_start)
+
+    def add(self, code: types.CodeType) -> None:
+        if self._tool is not None:
+            self._monitoring.set_local_events(self._tool, code, self._monitoring.events.PY_START)
+
+    def stop(self) -> None:
+        if self._tool is not None:
+            self._monitoring.register_callback(self._tool, self._monitoring.events.PY_START, None)
+            self._monitoring.free_tool_id(self._tool)
+            self._tool = None
