@@ -73,6 +73,7 @@ def fix_page(bug: KnownBug) -> str:
         ("Bug", _links(bug)),
         ("What you see without it", _cell(fields.get("Symptom", bug.title))),
         ("Broken on torch", _cell(broken_on(bug))),
+        *([("Without the overlay, silently", _cell(fields["Silent"]))] if fields.get("Silent") else []),
         ("Measured on", _cell(fields.get("Affects", ""))),
         ("Patch", f"[patches/{main.name}](../../../patches/{main.name})"),
         ("Variants", ", ".join(f"`{v.name}`" for v in bug.patch.variants[1:]) or "none"),  # type: ignore[union-attr]
