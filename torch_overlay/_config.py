@@ -80,6 +80,7 @@ class Config:
     children: bool
     check_ranks: str
     quiet: bool
+    reach: bool
     cache_dir: Path
     problems: tuple[str, ...]
 

@@ -20,7 +20,7 @@ import sys
 import linecache
 import types
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .codecache import CodeCache
 
@@ -244,7 +244,7 @@ def _compile_patched_cached(
         # Code compiled for another module's file is not believed (the key names the file; so must the code).
         if not _is_compiled_patch(value):
             return False
-        code, added = value  # type: ignore[misc]
+        code, added = cast("tuple[types.CodeType, list[tuple[types.CodeType, str, str]]]", value)
         return {c.co_filename for c in [code, *(a[0] for a in added)]} == {filename}
 
     return cache.load_or_build(key, lambda: _compile_patched(module_name, old_source, new_source, filename), check)

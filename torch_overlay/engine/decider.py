@@ -154,8 +154,7 @@ def decide_component(
     component.texts = current
     # Kept if the files did not change while it was decided, nor so recently that they could again
     # within their timestamps' resolution without a new signature.
-    unchanged = key is not None and decision_key(component, version) == key
-    if unchanged and not excluded and settled(list(signatures.values())):
+    if key is not None and decision_key(component, version) == key and not excluded and settled(list(signatures.values())):
         remember(key, component, outcomes, cache)
     return outcomes, imported
 

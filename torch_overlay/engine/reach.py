@@ -199,7 +199,7 @@ class _Profile:
     def stop(self) -> None:
         if sys.getprofile() is self._hook:
             sys.setprofile(None)
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
 
 
 class _Monitoring:

@@ -55,6 +55,7 @@ class KnownBug:
     def parts(self) -> frozenset[str]:
         """The parts of torch the bug is in (DTensor, FSDP, compile, ...), from how it is described."""
         if self.kind == "fix":
+            assert self.patch is not None and self.patch.main is not None, self.id  # a fix has its file
             fields = self.patch.main.fields
             words = [self.title, fields.get("Symptom", ""), fields.get("Test", ""), fields.get("Upstream-Test", "")]
         else:
