@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     argv = sys.argv[1:] if argv is None else argv
     # The job's lines are for a job: `status` imports torch here to report, not to train.
-    torch_overlay._overlay.job_lines = False
+    torch_overlay._overlay.job.enabled = False
     if argv[:1] == ["run"]:
         from ..launch.launcher import main as launch  # its own options; everything after them is the command
 

@@ -4,13 +4,23 @@ to modules imported before the overlay (engine/overlay.py says them)."""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections import Counter
-from typing import Any
+from collections.abc import Callable, MutableMapping
+from contextlib import AbstractContextManager
+from typing import Any, TYPE_CHECKING
 
 from .._state import PatchState
+from ..series.versions import torch_version
 from .components import Entry
+from .voice import claim_exit_line, says, tell
+
+if TYPE_CHECKING:
+    from .roster import Roster
 
 __all__ = [
+    "JobVoice",
     "job_end_line",
     "job_start_line",
     "LATE",
@@ -21,6 +31,8 @@ __all__ = [
     "summary_line",
 ]
 
+# A torchrun agent (it starts the ranks, which say the job's lines themselves).
+_AGENT_MODULE = "torch.distributed.launcher.api"
 # The first words of the reason of a patch lost because its module ran before the overlay.
 LATE = "imported too late"
 LATE_REMEDY = (
@@ -137,3 +149,56 @@ def job_end_line(entries: list[Entry], rank: str, unmade: int = 0, reach: list[d
     if reach is not None:
         parts.append(reach_part(reach))
     return "torch_overlay: " + "; ".join(parts)
+
+
+class JobVoice:
+    """Says the job's two lines for one overlay: the first when torch is first imported (one process
+    of the job says it), the last at exit (the process that claimed it: rank 0, or the job's only one).
+
+    ``roster`` and ``reach`` (the reach report, None when not counted) are called when a line is said,
+    under ``lock``: the overlay's state then.
+    """
+
+    def __init__(
+        self,
+        environ: MutableMapping[str, str] | None,
+        enabled: bool,
+        lock: AbstractContextManager[Any],
+        roster: Callable[[], Roster],
+        reach: Callable[[], list[dict[str, Any]] | None],
+    ) -> None:
+        self.environ = environ  # the process's own environment (children learn what was said), or None
+        self.enabled = enabled and environ is not None
+        self._lock = lock
+        self._roster = roster
+        self._reach = reach
+        self._started = False
+        self._says_exit_line = False
+
+    def claim_exit_line(self) -> None:
+        """At activation: this process says the exit line if no process of the job said it will."""
+        if self.enabled and self.environ is not None and claim_exit_line(self.environ):
+            import atexit
+
+            self._says_exit_line = True
+            atexit.register(self.end)
+
+    def start(self) -> None:
+        """When torch is first imported: one line per job saying that the overlay changes it."""
+        if self._started or not self.enabled:
+            return
+        self._started = True
+        with self._lock:
+            roster = self._roster()
+            line = job_start_line(roster.made(), torch_version(), unmade=roster.unmade())
+        if says(line, self.environ):
+            tell(line)
+
+    def end(self) -> None:
+        """At exit (rank 0, or the job's one process): which fixes this process actually applied."""
+        if not (self._started and self.enabled and self._says_exit_line) or _AGENT_MODULE in sys.modules:
+            return
+        with self._lock:
+            roster = self._roster()
+            line = job_end_line(roster.made(), os.environ.get("RANK", "").strip(), roster.unmade(), self._reach())
+        tell(line)

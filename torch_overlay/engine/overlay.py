@@ -30,9 +30,9 @@ from .import_failures import FailedImports
 from .importhook import ImportHook
 from .other_torch import left_to_another_torch
 from .series_index import folder_key, indexed_series_and_key
-from .job_lines import job_end_line, job_start_line, LATE, late_warning, summary_line
+from .job_lines import JobVoice, LATE, late_warning, summary_line
 from .roster import Roster
-from .voice import claim_exit_line, says, tell, warn
+from .voice import says, warn
 
 if TYPE_CHECKING:
     from .codecache import CodeCache
@@ -43,9 +43,6 @@ __all__ = ["Overlay"]
 
 log = logging.getLogger("torch_overlay")
 
-
-# A torchrun agent (it starts the ranks, which say the job's lines themselves).
-_AGENT_MODULE = "torch.distributed.launcher.api"
 
 
 class Overlay:
@@ -63,9 +60,13 @@ class Overlay:
         self._summary_logged = False
         # The job's lines (which torch and fixes, then which were applied): the process's own
         # overlay only, said by one process of a job (engine/voice.py); the CLI turns them off.
-        self.job_lines = self._environ is not None and self.config.enabled and not self.config.quiet
-        self._started = False
-        self._says_exit_line = False
+        self.job = JobVoice(
+            self._environ,
+            self.config.enabled and not self.config.quiet,
+            self._lock,
+            lambda: self._roster,
+            lambda: None if self.reach is None else self.reach.report(),
+        )
         self.problems: list[str] = []  # the series or a switch could not be read as given
         self._imports = FailedImports(lambda entry, why: self._set(entry, PatchState.FAILED, why))
         self._late: list[Entry] = []  # lost to a late import, not yet warned about (one warning for all)
@@ -131,13 +132,9 @@ class Overlay:
             self._warn_late()  # one warning for every component a late import cost
             _raise_if_strict(self.config, self._roster.made())
             self._maybe_log_summary()
-            if self.job_lines and self._environ is not None and claim_exit_line(self._environ):
-                import atexit
-
-                self._says_exit_line = True
-                atexit.register(self._job_end)
+            self.job.claim_exit_line()
             if any(t in sys.modules for t in self._by_module):
-                self._job_start()
+                self.job.start()
 
     def report_problem(self, message: str) -> None:
         """Warn about something the overlay cannot do as configured, once per job (raise under strict)."""
@@ -250,7 +247,7 @@ class Overlay:
                     self._update(entry)
             self._after_change([name])
             self._maybe_log_summary()
-        self._job_start()
+        self.job.start()
 
     def _fallback(self, module: types.ModuleType, exc: BaseException) -> bool:
         """The patched source raised while the module executed: its own code runs (:mod:`.import_failures`)."""
@@ -306,26 +303,6 @@ class Overlay:
         self._summary_logged = True
         if os.environ.get("RANK", "0") == "0":
             log.info("%s", summary_line(roster.made(), torch_version()))
-
-    # ------------------------------------------------------------ job lines
-    def _job_start(self) -> None:
-        """When torch is first imported: one line per job saying that the overlay changes it."""
-        if self._started or not self.job_lines:
-            return
-        self._started = True
-        with self._lock:
-            line = job_start_line(self._roster.made(), torch_version(), unmade=self._roster.unmade())
-        if says(line, self._environ):
-            tell(line)
-
-    def _job_end(self) -> None:
-        """At exit (rank 0, or the job's one process): which fixes this process actually applied."""
-        if not (self._started and self.job_lines and self._says_exit_line) or _AGENT_MODULE in sys.modules:
-            return
-        with self._lock:
-            reach = None if self.reach is None else self.reach.report()
-            line = job_end_line(self._roster.made(), os.environ.get("RANK", "").strip(), self._roster.unmade(), reach)
-        tell(line)
 
     def status(self) -> list[PatchStatus]:
         with self._lock:
