@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 import subprocess
 import sys
@@ -246,3 +247,29 @@ def test_reach_counts_the_tests_that_ran_a_fixs_changed_code(tmp_path: Path) -> 
     # A fix applied in that process (torch imports torch.nn.utils) that no test called.
     idle = re.search(r"\n  applied, reached by no test \(\d+\): (.*)\n", text)
     assert idle and "clip-grad-norm-mixed-meshes" in idle.group(1).split(", "), text
+
+
+def test_json_holds_the_comparison_and_reach_is_counted_in_a_run_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "test_reaches.py"
+    path.write_text(_REACHES, encoding="utf-8")
+    result = tmp_path / "result.json"
+    arms, run = [], compare_module._run
+
+    def recorded(test_file, pytest_args, overlay, folder, timeout, reach=True):
+        arms.append((overlay, reach))
+        return run(test_file, pytest_args, overlay, folder, timeout, reach)
+
+    monkeypatch.setattr(compare_module, "_run", recorded)
+    out = io.StringIO()
+    assert run_compare(path, out=out, json_out=result) == 0
+    # On 3.11 reach's profile function would slow the timed run with the overlay: it counts in a third.
+    assert arms == ([(False, False), (True, False), (True, True)] if sys.version_info < (3, 12) else [(False, False), (True, True)])
+    data = json.loads(result.read_text(encoding="utf-8"))
+    assert data["without"] == data["with"] and sum(data["with"].values()) == 3
+    assert data["differences"] == [] and data["slowdowns"] == []
+    assert data["time_ratio"] is None or data["time_ratio"] > 0
+    if "dtensor-new-factory-shard-partial" not in data["reach"]:
+        pytest.skip("dtensor-new-factory-shard-partial does not apply to this torch")
+    assert data["reach"]["dtensor-new-factory-shard-partial"] == 2

@@ -103,18 +103,19 @@ def compare(without: dict[str, str], with_: dict[str, str]) -> list[Difference]:
 def _run(
     test_file: Path, pytest_args: list[str], overlay: bool, folder: Path, timeout: float | None, reach: bool = True
 ) -> Path:
-    report = folder / f"junit-{'with' if overlay else 'without'}.xml"
+    side = ("with-reach" if reach else "with") if overlay else "without"
+    report = folder / f"junit-{side}.xml"
     env = launch_env(os.environ)
     env["TORCH_OVERLAY"] = "1" if overlay else "0"
     env.pop("TORCH_OVERLAY_DISABLE", None)
-    cache = folder / ("cache-with" if overlay else "cache-without")
+    cache = folder / f"cache-{side}"
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     if overlay and reach:  # which tests ran each fix's changed code (tools/reach_plugin.py)
         env["TORCH_OVERLAY_REACH"] = "1"
         cmd += ["-p", "torch_overlay.tools.reach_plugin", f"{REACH_OPTION}={folder / REACH_FILE}"]
     cmd += [f"--junitxml={report}", test_file.name, *pytest_args]
-    log = folder / f"pytest-{'with' if overlay else 'without'}.log"
+    log = folder / f"pytest-{side}.log"
     with open(log, "wb") as f:
         # A session of its own, so that a timeout also ends the ranks a test spawned.
         proc = subprocess.Popen(
@@ -141,22 +142,30 @@ def run_compare(
     timeout: float | None = None,
     out: TextIO | None = None,
     reach: bool = True,
+    json_out: Path | None = None,
 ) -> int:
+    """Compare; with ``json_out``, also write the result as data there (what the conformance record keeps)."""
     out = out or sys.stdout
     test_file = Path(test_file).resolve()
     if not test_file.is_file():
         out.write(f"error: {test_file} is not a file\n")
         return 2
+    # Reach's profile function (Python 3.11) slows every call: there it counts in a third run of its
+    # own, so that the run with the overlay is timed as a job runs; on 3.12+ it costs nothing to speak of.
+    apart = reach and sys.version_info < (3, 12)
+    arms = [(False, False), (True, reach and not apart)] + ([(True, True)] if apart else [])
     with tempfile.TemporaryDirectory(prefix="torch_overlay-compare-") as tmp:
         sides, times = {}, {}
-        for overlay in (False, True):
-            report = _run(test_file, pytest_args or [], overlay, Path(tmp), timeout, reach)
+        for overlay, counting in arms:
+            report = _run(test_file, pytest_args or [], overlay, Path(tmp), timeout, counting)
+            side = report.stem.removeprefix("junit-")
             if not report.is_file():
-                side = "with" if overlay else "without"
                 out.write(f"error: the run {side} the overlay wrote no report (timed out or crashed)")
                 out.write("; pytest's output ends:\n")
                 out.write(_tail(Path(tmp) / f"pytest-{side}.log"))
                 return 2
+            if side == "with-reach" and apart:
+                continue  # counts only: its outcomes are those of the run with the overlay, slower
             sides[overlay] = outcomes(report)
             times[overlay] = durations(report)
         counted = _read_reach(Path(tmp) / REACH_FILE) if reach else None
@@ -178,9 +187,11 @@ def run_compare(
     if both:
         out.write(f"failing without and with the overlay ({len(both)}):\n")
         out.writelines(f"  {test}: {without[test]}\n" for test in both)
-    _write_times(out, t_without, t_with, slow, reach)
+    _write_times(out, t_without, t_with, slow)
     if reach:
         _write_reach(out, counted)
+    if json_out is not None:
+        _write_json(json_out, counts, diffs, slow, t_without, t_with, counted)
     if not diffs:
         out.write(f"no test of {test_file.name} changes outcome with the overlay ({len(without)} tests)\n")
         return 0
@@ -188,6 +199,29 @@ def run_compare(
     for d in diffs:
         out.write(f"  {'REGRESSION ' if d.regression else ''}{d.test}: {d.without} -> {d.with_}\n")
     return 1 if any(d.regression for d in diffs) else 0
+
+
+def _write_json(
+    path: Path,
+    counts: dict[str, dict[str, int]],
+    diffs: list[Difference],
+    slow: list[Slowdown],
+    t_without: dict[str, float],
+    t_with: dict[str, float],
+    reach: dict | None,
+) -> None:
+    """The comparison as data: outcome counts, changed outcomes, the time ratio over the tests that pass
+    both ways (total with / total without), slowdowns, and per fix how many tests reached it."""
+    total = sum(t_without.values())
+    result = {
+        "without": counts["without"],
+        "with": counts["with"],
+        "differences": [{"test": d.test, "without": d.without, "with": d.with_, "regression": d.regression} for d in diffs],
+        "time_ratio": round(sum(t_with.values()) / total, 3) if total > 0 else None,
+        "slowdowns": [{"test": s.test, "without": s.without, "with": s.with_} for s in slow],
+        "reach": None if reach is None else {f: r["tests"] for f, r in reach["fixes"].items() if r["calls"] is not None},
+    }
+    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
 
 def _read_reach(path: Path) -> dict | None:
@@ -214,15 +248,11 @@ def _write_reach(out: TextIO, reach: dict | None) -> None:
         out.write(f"  changing definitions only, not counted ({len(unwatched)}): {', '.join(unwatched)}\n")
 
 
-def _write_times(
-    out: TextIO, without: dict[str, float], with_: dict[str, float], slow: list[Slowdown], reach: bool
-) -> None:
+def _write_times(out: TextIO, without: dict[str, float], with_: dict[str, float], slow: list[Slowdown]) -> None:
     listed = sorted(t for t in without if max(without[t], with_[t]) >= _LIST_SECONDS)
     flagged = {s.test for s in slow}
     if listed:
-        # Reach's profile function (Python 3.11) slows the run with the overlay: say so where times are read.
-        cost = ", reach counted: --no-reach to time without it" if reach and sys.version_info < (3, 12) else ""
-        out.write(f"time of the tests that pass both ways (without -> with, ratio{cost}):\n")
+        out.write("time of the tests that pass both ways (without -> with, ratio):\n")
         for t in listed:
             ratio = Slowdown(t, without[t], with_[t]).ratio
             mark = "SLOWDOWN " if t in flagged else ""
