@@ -262,12 +262,12 @@ def test_a_late_import_of_torch_modules_reads_imported_too_late_never_drift(tmp_
         assert "why: imported too late: " in report["text"]
     # One warning names every fix lost and the modules imported too early, at the script's
     # `import torch_overlay` line, with the remedy once; the job's first line does not repeat them.
-    (warned,) = [l for l in proc.stderr.splitlines() if "OverlayWarning" in l]
+    (warned,) = [line for line in proc.stderr.splitlines() if "OverlayWarning" in line]
     assert warned.startswith(f"{script}:3: OverlayWarning: torch_overlay: {len(failed)} fixes lost, imported too late: ")
     assert all(pid in warned for pid in failed) and "torch.distributed.fsdp._fully_shard._fsdp_state" in warned
     assert warned.count("import torch_overlay before `import torch`") == 1
     assert "patch " not in warned and len(warned) < 400 + 100 * len(failed)
-    (start,) = [l for l in proc.stderr.splitlines() if l.startswith("torch_overlay: torch ")]
+    (start,) = [line for line in proc.stderr.splitlines() if line.startswith("torch_overlay: torch ")]
     assert f"{len(failed)} lost: imported too late (the warning names them)" in start
     assert "drift" not in proc.stderr
 

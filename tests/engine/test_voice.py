@@ -52,7 +52,7 @@ def test_strict_still_raises_where_it_would_stay_quiet():
 
 def test_an_unknown_id_names_the_closest_one_not_all():
     proc = _import(TORCH_OVERLAY_DISABLE="aot-fresh-alias-output")
-    (line,) = [l for l in proc.stderr.splitlines() if "TORCH_OVERLAY_DISABLE" in l]
+    (line,) = [text for text in proc.stderr.splitlines() if "TORCH_OVERLAY_DISABLE" in text]
     assert "aot-fresh-alias-output (did you mean aot-fresh-alias-outputs?)" in line
     assert "dtensor-new-factory-shard-partial" not in line  # the other ids are not listed
 

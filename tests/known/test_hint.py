@@ -36,7 +36,7 @@ def test_disabled_fix_gets_one_line_after_the_traceback():
     assert proc.returncode == 1
     assert lines[0] == "Traceback (most recent call last):"
     assert lines[-2].startswith("RuntimeError: aten.as_strided.default"), lines  # the traceback, unchanged, first
-    assert lines[-1].startswith(f"torch_overlay: this error is a known torch bug (pytorch#184002"), lines
+    assert lines[-1].startswith("torch_overlay: this error is a known torch bug (pytorch#184002"), lines
     assert f"{FIX} fixes, but that fix is disabled in this process: TORCH_OVERLAY_DISABLE" in lines[-1]
     assert f"Remove {FIX} from TORCH_OVERLAY_DISABLE" in lines[-1]
     assert len(_hint_lines(proc.stderr)) == 1

@@ -113,7 +113,7 @@ def test_an_import_job_says_it_on_stderr_and_keeps_logging_as_it_is():
     proc = _python("import torch_overlay, torch, logging; print(logging.getLogger().handlers)")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"  # no handler, no basicConfig of ours
-    assert len([l for l in proc.stderr.splitlines() if l.startswith(START)]) == 1
+    assert len([line for line in proc.stderr.splitlines() if line.startswith(START)]) == 1
     (end,) = _lines(proc.stderr, END)
     assert " applied in this process: " in end
 

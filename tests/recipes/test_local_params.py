@@ -115,7 +115,7 @@ class TestUseLocalParamViews(torch._dynamo.test_case.TestCase):
         _maybe_compile(model, backend)
         opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for step in range(3):
+        for _ in range(3):
             x = torch.randn(6, 8)
             _loss(ref(x)).backward()
             out = model(x)

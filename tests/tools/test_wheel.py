@@ -257,7 +257,7 @@ def test_wheel_213_reproducers_pass_without_the_overlay(wheel_213, tmp_path):
     if proc.returncode < 0:
         # Killed by a signal (a SIGSEGV once in CI, in torch's native code): the tests it had not
         # passed run once more, in a new process, and the crash is reported as a warning.
-        warnings.warn(f"the rebuilt wheel's pytest died; its unpassed tests run again:\n{_died_in(proc)}")
+        warnings.warn(f"the rebuilt wheel's pytest died; its unpassed tests run again:\n{_died_in(proc)}", stacklevel=2)
         passed = {line.split(" ")[0] for line in proc.stdout.splitlines() if " PASSED" in line}
         nodes = [node for node in nodes if node not in passed]
         proc = subprocess.run([*cmd, *nodes], capture_output=True, text=True, env=env, cwd=tmp_path)

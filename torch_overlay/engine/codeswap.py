@@ -193,7 +193,7 @@ def _compile_patched(
     old_shapes = [_shape(s) for s in old_tree.body]
     new_shapes = [_shape(s) for s in new_tree.body]
     matcher = difflib.SequenceMatcher(a=old_shapes, b=new_shapes, autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    for tag, i1, _i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             continue
         if tag != "insert":

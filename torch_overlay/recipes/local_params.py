@@ -27,7 +27,7 @@ from __future__ import annotations
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
@@ -35,7 +35,7 @@ from torch.distributed.tensor.placement_types import Placement
 
 __all__ = ["LocalParamViewsHandle", "use_local_param_views"]
 
-GradPlacements = Union[Sequence[Placement], Mapping[str, Sequence[Placement]], None]
+GradPlacements = Sequence[Placement] | Mapping[str, Sequence[Placement]] | None
 
 # Where the wrapper keeps its state on the module (an instance attribute, so deepcopy and
 # pickling carry it with the module and rebind it to the copy).

@@ -856,7 +856,7 @@ class TestAotSubclassOutputsViewReplay(SubclassOutputTestCase):
             return
         # the second shape makes dynamo recompile fn with dynamic sizes
         for shape in [(8, 12), (12, 12)]:
-            self.check_same_as_eager(fn, lambda: self._x(placement, shape), dynamic=None)
+            self.check_same_as_eager(fn, lambda shape=shape: self._x(placement, shape), dynamic=None)
         self.assertEqual(counters["stats"]["unique_graphs"], 2)
 
     def test_view_of_output_with_symbolic_arguments(self):
@@ -1524,7 +1524,7 @@ class TestAotFreshAliasOutputs(FakeProcessGroupTestCase):
         for m in (ref, model):
             m.register_forward_pre_hook(_shadow_weight_with_local_view)
         model.compile(backend="inductor")
-        for step in range(3):
+        for _ in range(3):
             x = torch.randn(6, 8, device=self.device_type)
             scale = torch.arange(4.0, device=self.device_type)
             (ref(x) * scale).sum().backward()

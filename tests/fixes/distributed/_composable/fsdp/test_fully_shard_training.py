@@ -156,7 +156,7 @@ class TestFsdpUnusedParamsBackwardOrder(FullyShardUnusedTestCase):
         for uses in ((False, True), (True, False)):
             grads, ref_grads = self._train(
                 _TwoBranches,
-                lambda rank: uses if rank == 1 else (True, True),
+                lambda rank, uses=uses: uses if rank == 1 else (True, True),
                 reduce_scatter_unused_params=True,
             )
             self.assertEqual(grads, ref_grads)
