@@ -140,7 +140,7 @@ class TestOptimizerForeachMixedDtensor(DTensorTestBase):
                 [params, [p.grad for p in params]], with_indices=True
             )
             self.assertEqual(len(grouped), 1)
-            ((device, dtype), ((group_params, group_grads), indices)), = grouped.items()
+            (device, dtype), ((group_params, _), indices) = next(iter(grouped.items()))
             self.assertEqual((device.type, dtype), (self.device_type, torch.float32))
             self.assertEqual(indices, [0, 1, 2])
             for param, group_param in zip(params, group_params):
