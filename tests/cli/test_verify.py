@@ -125,6 +125,20 @@ def test_full_runs_each_file_and_needed_skips_what_torch_has(tmp_path):
     assert "2 pytest runs for 1 fixes, 1 at a time" in err
 
 
+
+def test_needed_plans_a_chosen_fix_on_top_of_the_earlier_fixes(tmp_path):
+    # `after` changes the line `flag` wrote: alone against torch's file it does not apply.
+    folder = _series(tmp_path, flag={"Test": "tests/test_future.py", "Test_Select": "TestFuture"})
+    patched = (torch_root() / TARGET).read_text().replace(NEEDLE, "    return True\n", 1)
+    after = _patch("after", patched, patched.replace("    return True\n", "    return bool(1)\n", 1),
+                   Test="tests/test_future.py", Test_Select="TestFuture")
+    (folder / "0002-after.patch").write_text(after)
+    (folder / "series").write_text("0001-flag.patch\n0002-after.patch\n")
+    rc, verdicts, err = _verify(tmp_path, "--needed", "-j", "1", "after")
+    assert rc == 0, err
+    assert list(verdicts) == ["after"]
+    assert verdicts["after"]["verdict"] == "bug present without, fixed with the overlay"
+
 def test_a_failing_subtest_fails_its_test_in_the_progress_and_the_verdict(tmp_path):
     # Two quick tests share one process each way: the progress then comes from each test's line.
     folder = _series(

@@ -166,9 +166,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    patches = [p for p in torch_overlay._overlay.patches() if not args.ids or p.id in args.ids]
+    series = torch_overlay._overlay.patches()
+    patches = [p for p in series if not args.ids or p.id in args.ids]
     if args.needed:
-        needed = needed_ids(patches)
+        # Planned over the whole series: a fix may apply on top of earlier fixes to its files.
+        needed = needed_ids(series)
         patches = [p for p in patches if p.id in needed]
     left_out: list = []
     if args.budget is not None:

@@ -1,6 +1,7 @@
 # Owner(s): ["oncall: distributed"]
 import torch_overlay  # noqa: F401  # torch_overlay: plumbing
 
+import copy
 import re
 
 import torch
@@ -8,7 +9,17 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.distributed.tensor import DTensor
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    DTensorTestBase,
+    with_comms,
+)
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from tests.fixes._torch_gates import skip_before
@@ -106,6 +117,73 @@ class TestFsdpSharedParamGroupingMessage(TestCase):
         fsdp_state = fully_shard.state(model)
         fsdp_state._lazy_init()
         self.assertIs(model.embed.weight, model.lm_head.weight)
+
+
+class _PackedLinear(nn.Module):
+    """A linear layer beside frozen packed integer weights, as QLoRA's 4-bit layers hold them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        packed = torch.randint(0, 256, (8, 4), dtype=torch.uint8)
+        self.packed = nn.Parameter(packed, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.packed.float().mean()
+
+
+class TestFsdpFrozenNonfloatParam(TestCase):
+    """fully_shard of a module with a frozen non-floating-point parameter."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+        self.mesh = init_device_mesh("cpu", (4,))
+
+    def tearDown(self) -> None:
+        dist.destroy_process_group()
+        super().tearDown()
+
+    def test_frozen_uint8_param(self) -> None:
+        model = _PackedLinear()
+        fully_shard(model, mesh=self.mesh)
+        self.assertIsInstance(model.packed, DTensor)
+        self.assertEqual(model.packed.dtype, torch.uint8)
+        self.assertFalse(model.packed.requires_grad)
+        self.assertTrue(model.lin.weight.requires_grad)
+
+    @parametrize("reshard_after_forward", [True, 2])
+    def test_frozen_uint8_param_forward_backward(self, reshard_after_forward) -> None:
+        model = _PackedLinear()
+        fully_shard(model, mesh=self.mesh, reshard_after_forward=reshard_after_forward)
+        model(torch.randn(2, 8)).sum().backward()
+        self.assertIsInstance(model.packed, DTensor)
+        self.assertFalse(model.packed.requires_grad)
+        self.assertIsNone(model.packed.grad)
+        self.assertIsNotNone(model.lin.weight.grad)
+
+
+class TestFsdpFrozenNonfloatParamTraining(DTensorTestBase):
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    @with_comms
+    def test_frozen_uint8_param_gradients(self) -> None:
+        torch.manual_seed(0)
+        model = _PackedLinear()
+        ref_model = copy.deepcopy(model)
+        fully_shard(model, mesh=self.build_device_mesh())
+        x = torch.randn(2, 8, device=self.device_type)
+        model(x).sum().backward()
+        ref_model(x).sum().backward()
+        self.assertEqual(model.packed.full_tensor(), ref_model.packed)
+        for name in ("weight", "bias"):
+            grad = getattr(model.lin, name).grad
+            self.assertEqual(grad.full_tensor(), getattr(ref_model.lin, name).grad)
+
+
+instantiate_parametrized_tests(TestFsdpFrozenNonfloatParam)
 
 
 if __name__ == "__main__":
