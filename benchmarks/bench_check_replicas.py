@@ -89,16 +89,12 @@ def _peak_memory_mib(mesh, rows: int = PEAK_SIDE, cols: int = PEAK_SIDE) -> tupl
 
 def _run(rank: int, port: int) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
-    )
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
     mesh = init_device_mesh("cpu", (WORLD_SIZE,))
     # First, while the heap is fresh: freed buffers of earlier checks would hide the peak.
     peak_mib, size_mib = _peak_memory_mib(mesh)
     model = ToyTPMoE(mesh, RIGHT, **SIZES)
-    tokens = torch.randn(
-        TOKENS_PER_RANK, SIZES["dim"], generator=torch.Generator().manual_seed(rank)
-    )
+    tokens = torch.randn(TOKENS_PER_RANK, SIZES["dim"], generator=torch.Generator().manual_seed(rank))
     losses = []
 
     def forward() -> None:

@@ -60,9 +60,7 @@ def _worker() -> None:
             block_mesh = mesh_of_block(i // 6)
             p = torch.nn.Parameter(torch.zeros(shape))
             if block_mesh is not None:
-                p = torch.nn.Parameter(
-                    distribute_tensor(p.detach(), block_mesh, [Shard(0)])
-                )
+                p = torch.nn.Parameter(distribute_tensor(p.detach(), block_mesh, [Shard(0)]))
                 grad = distribute_tensor(grad, block_mesh, [Shard(0)])
             p.grad = grad
             out.append(p)
@@ -73,9 +71,7 @@ def _worker() -> None:
         "dtensor_one_mesh": params(lambda block: mesh),
     }
     if hasattr(torch.nn.utils.clip_grad, "_group_tensors_by_device_mesh"):
-        cases["dtensor_two_meshes"] = params(
-            lambda block: expert_mesh if block == 3 else mesh
-        )
+        cases["dtensor_two_meshes"] = params(lambda block: expert_mesh if block == 3 else mesh)
     result = {}
     group = getattr(torch.nn.utils.clip_grad, "_group_tensors_by_device_mesh", None)
     for name, ps in cases.items():
@@ -97,11 +93,7 @@ def main() -> None:
     best: dict[str, dict[str, float]] = {arm: {} for arm in ARMS}
     for _ in range(ROUNDS):
         for arm, arm_env in ARMS.items():
-            env = {
-                k: v
-                for k, v in os.environ.items()
-                if k not in ("TORCH_OVERLAY", "TORCH_OVERLAY_DISABLE")
-            }
+            env = {k: v for k, v in os.environ.items() if k not in ("TORCH_OVERLAY", "TORCH_OVERLAY_DISABLE")}
             out = subprocess.run(
                 [sys.executable, __file__, "--worker"],
                 env={**env, **arm_env},
@@ -111,24 +103,14 @@ def main() -> None:
             ).stdout
             for name, t in json.loads(out.strip().splitlines()[-1]).items():
                 best[arm][name] = min(best[arm].get(name, float("inf")), t)
-    print(
-        f"clip_grad_norm_ per step, 24 gradients, fastest of {ROUNDS} rounds x {REPEAT} repeats x {CALLS} calls"
-    )
-    print(
-        f"  {'case':20s}"
-        + "".join(f"{arm:>24s}" for arm in ARMS)
-        + "   fix / fix disabled"
-    )
+    print(f"clip_grad_norm_ per step, 24 gradients, fastest of {ROUNDS} rounds x {REPEAT} repeats x {CALLS} calls")
+    print(f"  {'case':20s}" + "".join(f"{arm:>24s}" for arm in ARMS) + "   fix / fix disabled")
     for name in best["overlay"]:
         if name.endswith("grouping pass"):
-            print(
-                f"  {name:34s} {best['overlay'][name] * 1e6:8.2f} us (the fix's added work per pass)"
-            )
+            print(f"  {name:34s} {best['overlay'][name] * 1e6:8.2f} us (the fix's added work per pass)")
             continue
         cells = [best[arm].get(name) for arm in ARMS]
-        row = "".join(
-            f"{'fails':>24s}" if t is None else f"{t * 1e6:21.1f} us" for t in cells
-        )
+        row = "".join(f"{'fails':>24s}" if t is None else f"{t * 1e6:21.1f} us" for t in cells)
         ratio = "" if cells[1] is None else f"   {cells[2] / cells[1]:.3f}"
         print(f"  {name:20s}{row}{ratio}")
 

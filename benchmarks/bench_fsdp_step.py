@@ -62,6 +62,7 @@ def _worker() -> None:
     import torch.nn as nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
     warnings.filterwarnings("error", message=r".*set_reduce_scatter_unused_params")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
@@ -103,7 +104,10 @@ def _instructions(arm_env: dict[str, str], steps: int) -> int:
     env.update(arm_env, BENCH_FSDP_STEPS=str(steps), **fixed)
     out = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__, "--worker"],
-        env=env, capture_output=True, text=True, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return int(re.search(r"Collected : (\d+)", out.stderr).group(1))
 
@@ -138,7 +142,9 @@ def main() -> None:
             version = result["torch"]
     if len(set().union(*digests.values())) != 1:
         sys.exit(f"the arms' gradients or parameters differ: {digests}")
-    print(f"FSDP2 step (8 Linear(256) blocks + root, 1-rank gloo, 1 thread, torch {version}), fastest of {ROUNDS} rounds x {STEPS} steps, CPU time")
+    print(
+        f"FSDP2 step (8 Linear(256) blocks + root, 1-rank gloo, 1 thread, torch {version}), fastest of {ROUNDS} rounds x {STEPS} steps, CPU time"
+    )
     for arm in ARMS:
         print(f"  {arm:14s}{best[arm] * 1e3:10.3f} ms")
     for arm in ("fix disabled", "overlay"):

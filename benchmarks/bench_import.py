@@ -66,7 +66,10 @@ def _instructions(code: str, cache: str, seed: int, patches: Path | None = None)
         env["TORCH_OVERLAY_PATCHES"] = str(patches)
     out = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", code],
-        env=env, capture_output=True, text=True, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return int(re.search(r"Collected : (\d+)", out.stderr).group(1))
 
@@ -91,6 +94,8 @@ def _import_torch_alone(cache: str, seed: int) -> int:
     if (cache, seed) not in _BASES:
         _BASES[(cache, seed)] = _instructions("import torch", cache, seed)
     return _BASES[(cache, seed)]
+
+
 # A module that exists in every supported torch and that neither `import torch` nor a training job
 # imports: the generated patches of the doubled series stay pending, as most real ones do.
 UNUSED_MODULE = "torch/utils/show_pickle.py"
@@ -132,7 +137,12 @@ def instructions(cache: str, seeds: tuple[int, ...]) -> None:
     _run("import torch_overlay", "", cache)  # a warm code cache
     with tempfile.TemporaryDirectory(prefix="torch_overlay_doubled_") as scratch:
         doubled, added = doubled_series(Path(scratch))
-        env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_OVERLAY_CACHE_DIR": cache, "TORCH_OVERLAY_PATCHES": str(doubled)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "TORCH_OVERLAY_CACHE_DIR": cache,
+            "TORCH_OVERLAY_PATCHES": str(doubled),
+        }
         subprocess.run([sys.executable, "-c", "import torch_overlay, torch"], env=env, check=True)  # its index
         ratios, doubled_ratios, bases = [], [], []
         # What the series itself costs, apart from torch's import: `import torch_overlay` after the
@@ -195,7 +205,12 @@ def smoke(warm: str) -> None:
     # The doubled series of --instructions: every generated patch is pending, none failed.
     with tempfile.TemporaryDirectory(prefix="torch_overlay_doubled_") as scratch:
         doubled, added = doubled_series(Path(scratch))
-        env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_OVERLAY_CACHE_DIR": warm, "TORCH_OVERLAY_PATCHES": str(doubled)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "TORCH_OVERLAY_CACHE_DIR": warm,
+            "TORCH_OVERLAY_PATCHES": str(doubled),
+        }
         code = (
             "import torch_overlay, torch\n"
             "rows = [r for r in torch_overlay.status() if r.id.startswith('bench-generated-')]\n"
@@ -223,7 +238,9 @@ def measure(args: argparse.Namespace, warm: str) -> None:
         base.append(_run("", "", warm)[0])
         over.append(_run("import torch_overlay", "", warm)[0])
     b, o = statistics.median(base), statistics.median(over)
-    print(f"import torch: {b * 1e3:7.1f} ms alone, {o * 1e3:7.1f} ms with torch_overlay (ratio {o / b:.3f}; wall time, noisy)")
+    print(
+        f"import torch: {b * 1e3:7.1f} ms alone, {o * 1e3:7.1f} ms with torch_overlay (ratio {o / b:.3f}; wall time, noisy)"
+    )
 
     for entry in ENTRY_POINTS:
         alone, warm_t, cold_t = [], [], []

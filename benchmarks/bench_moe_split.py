@@ -71,10 +71,7 @@ def main() -> None:
         for shape in ((HIDDEN, DIM), (DIM, HIDDEN), (HIDDEN, DIM))
     ]
     generator = torch.Generator().manual_seed(0)
-    inputs = [
-        (torch.randn(TOKENS, DIM, requires_grad=True), routed_counts(generator))
-        for _ in range(WARMUP + ITERS)
-    ]
+    inputs = [(torch.randn(TOKENS, DIM, requires_grad=True), routed_counts(generator)) for _ in range(WARMUP + ITERS)]
 
     compiled = torch.compile(experts_for_loop, backend=BACKEND, fullgraph=True)
     start = time.perf_counter()

@@ -101,7 +101,10 @@ def _instructions(arm_env: dict[str, str], steps: int) -> int:
     env.update(arm_env, BENCH_PP_STEPS=str(steps), **fixed)
     out = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__, "--worker"],
-        env=env, capture_output=True, text=True, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return int(re.search(r"Collected : (\d+)", out.stderr).group(1))
 

@@ -107,9 +107,7 @@ def main() -> None:
     ctx = types.SimpleNamespace()
     record, coerce = shipped
     n = 10 if SMOKE else 2000
-    record_us = min(
-        timeit.repeat(lambda: record(ctx, outs, (0, 1)), number=n, repeat=REPEAT)
-    )
+    record_us = min(timeit.repeat(lambda: record(ctx, outs, (0, 1)), number=n, repeat=REPEAT))
     record_us *= 1e6 / n
     coerce_us = min(timeit.repeat(lambda: coerce(ctx, grads), number=n, repeat=REPEAT))
     coerce_us *= 1e6 / n

@@ -12,7 +12,19 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "torch_overlay"
-LAYERS = {"_state": 0, "_config": 0, "_version": 0, "series": 1, "engine": 2, "checks": 3, "known": 3, "launch": 3, "recipes": 3, "cli": 4, "tools": 5}
+LAYERS = {
+    "_state": 0,
+    "_config": 0,
+    "_version": 0,
+    "series": 1,
+    "engine": 2,
+    "checks": 3,
+    "known": 3,
+    "launch": 3,
+    "recipes": 3,
+    "cli": 4,
+    "tools": 5,
+}
 
 
 def _role(module: str) -> str | None:
@@ -53,7 +65,13 @@ def test_no_module_imports_a_role_above_its_own():
 
 
 def test_every_module_is_in_a_role_folder():
-    loose = {p.name for p in PACKAGE.glob("*.py")} - {"__init__.py", "__main__.py", "_state.py", "_config.py", "_version.py"}
+    loose = {p.name for p in PACKAGE.glob("*.py")} - {
+        "__init__.py",
+        "__main__.py",
+        "_state.py",
+        "_config.py",
+        "_version.py",
+    }
     assert loose == set()
 
 

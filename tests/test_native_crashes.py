@@ -7,7 +7,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 # A stand-in for MultiProcessTestCase's failure when a worker dies: the same message, no processes.
-_TESTS = '''
+_TESTS = """
 import os
 from pathlib import Path
 
@@ -24,7 +24,7 @@ def test_aborts_always():
 
 def test_plain_failure_once(tmp_path_factory):
     _fail_once(tmp_path_factory.getbasetemp().parent / "failed", "Expected exit code 0 but got 10 for pid: 3")
-'''
+"""
 
 
 def _run(tmp_path: Path, *select: str) -> subprocess.CompletedProcess:

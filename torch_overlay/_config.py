@@ -234,9 +234,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
     check_ranks, problem = _check_ranks(env.get("TORCH_OVERLAY_CHECK_RANKS"))
     problems += [problem] if problem else []
     problems += _unknown_variables(env)
-    disabled = frozenset(
-        item.strip() for item in env.get("TORCH_OVERLAY_DISABLE", "").split(",") if item.strip()
-    )
+    disabled = frozenset(item.strip() for item in env.get("TORCH_OVERLAY_DISABLE", "").split(",") if item.strip())
     patches = env.get("TORCH_OVERLAY_PATCHES", "")
     return Config(
         enabled=enabled,

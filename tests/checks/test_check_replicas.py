@@ -60,15 +60,9 @@ class ToyTPMoE(nn.Module):
         dp = [Replicate()] * (mesh.ndim - 1)
         torch.manual_seed(0)
         self.gate = nn.Linear(dim, num_experts, bias=False)
-        self.gate.weight = nn.Parameter(
-            distribute_tensor(self.gate.weight.detach(), mesh, [Replicate()] * mesh.ndim)
-        )
-        self.w1 = nn.Parameter(
-            distribute_tensor(torch.randn(num_experts, dim, hidden) * 0.3, mesh, dp + [Shard(2)])
-        )
-        self.w2 = nn.Parameter(
-            distribute_tensor(torch.randn(num_experts, hidden, dim) * 0.3, mesh, dp + [Shard(1)])
-        )
+        self.gate.weight = nn.Parameter(distribute_tensor(self.gate.weight.detach(), mesh, [Replicate()] * mesh.ndim))
+        self.w1 = nn.Parameter(distribute_tensor(torch.randn(num_experts, dim, hidden) * 0.3, mesh, dp + [Shard(2)]))
+        self.w2 = nn.Parameter(distribute_tensor(torch.randn(num_experts, hidden, dim) * 0.3, mesh, dp + [Shard(1)]))
         # Unused replicated parameters, to count collectives against model size.
         self.extra = nn.ParameterList(
             nn.Parameter(distribute_tensor(torch.randn(3, 5), mesh, [Replicate()] * mesh.ndim))
@@ -90,9 +84,7 @@ class ToyTPMoE(nn.Module):
         # Each rank's tokens differ, yet they enter the router as Replicate:
         # the true gate grad is the sum over ranks, i.e. Partial.
         routed = DTensor.from_local(x, mesh, [Replicate()] * mesh.ndim, run_check=False)
-        scores = F.linear(routed, self.gate.weight).to_local(
-            grad_placements=self._router_grad_placements()
-        )
+        scores = F.linear(routed, self.gate.weight).to_local(grad_placements=self._router_grad_placements())
         probs = scores.softmax(-1)
 
         tokens = DTensor.from_local(x, mesh, dp_shard + [Shard(0)])
@@ -261,9 +253,7 @@ class CheckReplicasWorld4Test(CheckReplicasTestMixin, DTensorTestBase):
 
         torch.optim.SGD(model.parameters(), lr=0.5).step()
         report = check_replicas(model, grads=False)
-        self.assertEqual(
-            [(m.name, m.mesh_dim_name) for m in report.mismatches], [("gate.weight", "tp")]
-        )
+        self.assertEqual([(m.name, m.mesh_dim_name) for m in report.mismatches], [("gate.weight", "tp")])
 
         # FSDP2 over dp: the guard sees the sharded grads after the reduce-scatter.
         model = fully_shard(ToyTPMoE(mesh["tp"], WRONG), mesh=mesh["dp"])

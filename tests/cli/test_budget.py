@@ -10,7 +10,13 @@ from torch_overlay.cli.timings import Timings
 
 def _timings(tmp_path, seconds):
     timings = Timings("2.13.0", "quick", tmp_path / "times.json")
-    timings.save({f"{pid} {side}": s for pid, (without, with_) in seconds.items() for side, s in (("without", without), ("with", with_))})
+    timings.save(
+        {
+            f"{pid} {side}": s
+            for pid, (without, with_) in seconds.items()
+            for side, s in (("without", without), ("with", with_))
+        }
+    )
     return Timings("2.13.0", "quick", tmp_path / "times.json")
 
 

@@ -13,9 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    return subprocess.run(
-        [sys.executable, "-m", "torch_overlay", *args], env=full_env, capture_output=True, text=True
-    )
+    return subprocess.run([sys.executable, "-m", "torch_overlay", *args], env=full_env, capture_output=True, text=True)
 
 
 def test_status_json_covers_every_patch_in_the_series():

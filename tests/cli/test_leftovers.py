@@ -28,7 +28,10 @@ def test_verify_quick_of_one_fix_leaves_the_temporary_folder_as_it_found_it(tmp_
     before = _ours(temp)
     proc = subprocess.run(
         [sys.executable, "-m", "torch_overlay", "verify", "--quick", QUICK_ID],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert "could not run" not in proc.stdout, proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -41,7 +44,11 @@ def test_the_test_suite_removes_the_overlay_cache_it_made(tmp_path):
     one_test = "tests/test_import_circles.py::test_the_circle_finder_finds_a_loop"  # any test; tests/conftest.py runs
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", one_test],
-        env=env, capture_output=True, text=True, timeout=300, cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _ours(tmp_path) == set()

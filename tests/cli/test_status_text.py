@@ -134,7 +134,9 @@ def test_late_import_text_says_what_import_torch_first_costs():
     lost = {"imported_by_import_torch": ["torch.utils.checkpoint"], "lost": ["sac"], "swapped": ["clip"]}
     text = format_late_imports(lost)
     assert "imports torch.utils.checkpoint: imported first, it costs sac (imported too late) (clip: " in text
-    none = format_late_imports({"imported_by_import_torch": ["torch.nn.utils.clip_grad"], "lost": [], "swapped": ["clip"]})
+    none = format_late_imports(
+        {"imported_by_import_torch": ["torch.nn.utils.clip_grad"], "lost": [], "swapped": ["clip"]}
+    )
     assert "it costs no fix on this torch" in none and "torch's other patched modules" in none
 
 

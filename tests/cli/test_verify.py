@@ -76,7 +76,10 @@ def _verify(tmp_path: Path, *args: str) -> tuple[int, dict[str, dict[str, object
     )
     proc = subprocess.run(
         [sys.executable, "-m", "torch_overlay", "verify", "--json", *args],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     verdicts = {v["id"]: v for v in json.loads(proc.stdout)["verdicts"]} if proc.stdout.strip() else {}
     return proc.returncode, verdicts, proc.stderr
@@ -93,8 +96,11 @@ def test_a_fix_whose_tests_were_all_skipped_could_not_run_here(tmp_path):
 def test_quick_runs_one_test_per_fix_in_one_process_each_way(tmp_path):
     _series(
         tmp_path,
-        flag={"Test": "tests/test_future.py", "Quick_Test": "tests/test_future.py::TestFuture::test_flag",
-              "Symptom": "the flag is off"},
+        flag={
+            "Test": "tests/test_future.py",
+            "Quick_Test": "tests/test_future.py::TestFuture::test_flag",
+            "Symptom": "the flag is off",
+        },
         fine={"Test": "tests/test_future.py", "Quick_Test": "tests/test_future.py::TestFuture::test_fine"},
     )
     rc, verdicts, err = _verify(tmp_path, "--quick", "-j", "2")
@@ -125,19 +131,24 @@ def test_full_runs_each_file_and_needed_skips_what_torch_has(tmp_path):
     assert "2 pytest runs for 1 fixes, 1 at a time" in err
 
 
-
 def test_needed_plans_a_chosen_fix_on_top_of_the_earlier_fixes(tmp_path):
     # `after` changes the line `flag` wrote: alone against torch's file it does not apply.
     folder = _series(tmp_path, flag={"Test": "tests/test_future.py", "Test_Select": "TestFuture"})
     patched = (torch_root() / TARGET).read_text().replace(NEEDLE, "    return True\n", 1)
-    after = _patch("after", patched, patched.replace("    return True\n", "    return bool(1)\n", 1),
-                   Test="tests/test_future.py", Test_Select="TestFuture")
+    after = _patch(
+        "after",
+        patched,
+        patched.replace("    return True\n", "    return bool(1)\n", 1),
+        Test="tests/test_future.py",
+        Test_Select="TestFuture",
+    )
     (folder / "0002-after.patch").write_text(after)
     (folder / "series").write_text("0001-flag.patch\n0002-after.patch\n")
     rc, verdicts, err = _verify(tmp_path, "--needed", "-j", "1", "after")
     assert rc == 0, err
     assert list(verdicts) == ["after"]
     assert verdicts["after"]["verdict"] == "bug present without, fixed with the overlay"
+
 
 def test_a_failing_subtest_fails_its_test_in_the_progress_and_the_verdict(tmp_path):
     # Two quick tests share one process each way: the progress then comes from each test's line.

@@ -25,9 +25,7 @@ Test fixture.
 
 
 def make_diff(path: str, old: str, new: str, context: int = 3) -> str:
-    lines = difflib.unified_diff(
-        old.splitlines(True), new.splitlines(True), f"a/{path}", f"b/{path}", n=context
-    )
+    lines = difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{path}", f"b/{path}", n=context)
     return f"diff --git a/{path} b/{path}\n" + "".join(lines)
 
 

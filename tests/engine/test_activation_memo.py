@@ -148,11 +148,23 @@ def test_a_memo_that_does_not_fit_is_not_replayed(series, config) -> None:
         (activation_memo.KIND, ids, settled_rows, (((0,), ((), ()), x), second), missing),
         (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/y.py",),), x), second), missing),  # not its files
         (activation_memo.KIND, ids, settled_rows, (((0,), ((),), x), second), missing),  # a member that changes nothing
-        (activation_memo.KIND, ids, settled_rows, (((0,), ("torch/x.py",), x), second), missing),  # not a tuple of paths
+        (
+            activation_memo.KIND,
+            ids,
+            settled_rows,
+            (((0,), ("torch/x.py",), x), second),
+            missing,
+        ),  # not a tuple of paths
         (activation_memo.KIND, ids, ((1, "upstream", 3),), grouped, missing),
         (activation_memo.KIND, ids, ((-2, "upstream", "x"),), grouped, missing),  # a list takes -2 too
         (activation_memo.KIND, ids, ((True, "upstream", "x"),), grouped, missing),  # True == 1
-        (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/x.py",),), (("torch/x.py", "torch.x", 3),)), second), missing),
+        (
+            activation_memo.KIND,
+            ids,
+            settled_rows,
+            (((0,), (("torch/x.py",),), (("torch/x.py", "torch.x", 3),)), second),
+            missing,
+        ),
         (activation_memo.KIND, ids, settled_rows, (((-3,), (("torch/x.py",),), x), second), missing),
         (activation_memo.KIND, ids, settled_rows, (first,), missing),  # a position in no component
         (activation_memo.KIND, ids, settled_rows, (first, first, second), missing),  # one in two
@@ -262,7 +274,9 @@ def test_a_memo_and_index_that_agree_on_ids_that_are_not_strings_are_ignored(ser
     from torch_overlay.series.versions import torch_root, torch_version
 
     cache.store(key, (series_index.KIND, {1: b"", 2: b"", 3: b""}))
-    memo = cache.load(activation_memo.memo_key(key, torch_version(), str(torch_root()), cfg), activation_memo._is_memo)[0]
+    memo = cache.load(activation_memo.memo_key(key, torch_version(), str(torch_root()), cfg), activation_memo._is_memo)[
+        0
+    ]
     cache.store(activation_memo.memo_key(key, torch_version(), str(torch_root()), cfg), (memo[0], (1, 2, 3), *memo[2:]))
     second = overlays(cfg)
     second.activate()  # neither is believed: the series is read from its files
@@ -312,7 +326,9 @@ def test_rows_not_believed_and_a_series_edited_since_fail_the_patch(series, conf
 def _status(env: dict[str, str], before: str = "") -> tuple[dict[str, tuple[str, str]], int]:
     """Each patch's (state, reason) and the exit status of ``status --lazy --json``, in a new process
     (``before``: code it runs first)."""
-    code = f"{before}\nimport sys\nfrom torch_overlay.cli.main import main\nsys.exit(main(['status', '--lazy', '--json']))"
+    code = (
+        f"{before}\nimport sys\nfrom torch_overlay.cli.main import main\nsys.exit(main(['status', '--lazy', '--json']))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.stdout.startswith("{"), proc.stderr[-3000:]
     rows = json.loads(proc.stdout)["patches"]

@@ -12,7 +12,7 @@ from torch_overlay.engine.overlay import Overlay, OverlayError
 
 from ._fixtures import make_diff, make_patch
 
-MODULE = '''\
+MODULE = """\
 import functools
 
 REGISTRY = {}
@@ -50,14 +50,14 @@ class Widget:
 @functools.lru_cache(maxsize=None)
 def cached():
     return "old"
-'''
+"""
 
 PATCHED = (
     MODULE.replace("return 41", "return 42")
     .replace("return x + k + 0", "return x + k + 100")
     .replace("        return 1\n", "        return 2\n")
     .replace('return "old"\n\n\n@functools', 'return "new"\n\n\n@functools')
-    .replace('def cached():\n    return "old"', 'def cached():\n    return helper()')
+    .replace('def cached():\n    return "old"', "def cached():\n    return helper()")
     + '\n\ndef helper():\n    return "new"\n'
 )
 
@@ -214,7 +214,9 @@ def test_multi_file_patch_is_decided_once_and_applies_to_each_module_at_its_impo
     other = "def g():\n    return 1\n"
     name_a, path_a = sandbox.module(MODULE)
     name_b, path_b = sandbox.module(other)
-    patch = make_patch("two-files", [make_diff(path_a, MODULE, PATCHED), make_diff(path_b, other, other.replace("1", "2"))])
+    patch = make_patch(
+        "two-files", [make_diff(path_a, MODULE, PATCHED), make_diff(path_b, other, other.replace("1", "2"))]
+    )
     sandbox.series(("0001-two-files.patch", patch))
     overlay = overlays(config())
     overlay.activate()

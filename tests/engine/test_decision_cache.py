@@ -19,7 +19,10 @@ def two_modules(sandbox):
     """One patch changes two modules: a component; the first import decides both."""
     first, first_path = sandbox.module(MODULE)
     second, second_path = sandbox.module(OTHER)
-    diffs = [make_diff(first_path, MODULE, PATCHED), make_diff(second_path, OTHER, OTHER.replace("return 1", "return 2"))]
+    diffs = [
+        make_diff(first_path, MODULE, PATCHED),
+        make_diff(second_path, OTHER, OTHER.replace("return 1", "return 2")),
+    ]
     sandbox.series(("0001-fix.patch", make_patch("fix", diffs)))
     return first, second, sandbox.pkg / f"{second.split('.')[-1]}.py"
 
@@ -86,7 +89,10 @@ def test_a_changed_patch_is_decided_again(two_modules, sandbox, config, overlays
     importlib.import_module(first)
     first_path = f"torch/{first.split('.')[-1]}.py"
     other_path = f"torch/{second.split('.')[-1]}.py"
-    diffs = [make_diff(first_path, MODULE, PATCHED), make_diff(other_path, OTHER, OTHER.replace("return 1", "return 5"))]
+    diffs = [
+        make_diff(first_path, MODULE, PATCHED),
+        make_diff(other_path, OTHER, OTHER.replace("return 1", "return 5")),
+    ]
     sandbox.series(("0001-fix.patch", make_patch("fix", diffs)))
     two = _new_process(overlays, config, tmp_path, one, [first, second])
     importlib.import_module(first)

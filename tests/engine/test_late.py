@@ -239,7 +239,11 @@ def test_a_late_import_of_torch_modules_reads_imported_too_late_never_drift(tmp_
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY_") or k == "TORCH_OVERLAY_CACHE_DIR"}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     proc = subprocess.run(
-        [sys.executable, "-W", "default::UserWarning", str(script)], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-W", "default::UserWarning", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.splitlines()[-1])
@@ -263,7 +267,9 @@ def test_a_late_import_of_torch_modules_reads_imported_too_late_never_drift(tmp_
     # One warning names every fix lost and the modules imported too early, at the script's
     # `import torch_overlay` line, with the remedy once; the job's first line does not repeat them.
     (warned,) = [line for line in proc.stderr.splitlines() if "OverlayWarning" in line]
-    assert warned.startswith(f"{script}:3: OverlayWarning: torch_overlay: {len(failed)} fixes lost, imported too late: ")
+    assert warned.startswith(
+        f"{script}:3: OverlayWarning: torch_overlay: {len(failed)} fixes lost, imported too late: "
+    )
     assert all(pid in warned for pid in failed) and "torch.distributed.fsdp._fully_shard._fsdp_state" in warned
     assert warned.count("import torch_overlay before `import torch`") == 1
     assert "patch " not in warned and len(warned) < 400 + 100 * len(failed)

@@ -47,7 +47,9 @@ def test_real_series_reaches_its_state_when_dtensor_is_imported():
 
 
 def test_env_switches():
-    out = _run("import torch_overlay, json; print(json.dumps([s.state for s in torch_overlay.status()]))", TORCH_OVERLAY="0")
+    out = _run(
+        "import torch_overlay, json; print(json.dumps([s.state for s in torch_overlay.status()]))", TORCH_OVERLAY="0"
+    )
     assert set(json.loads(out)) == {"disabled"}
     out = _run(
         "import torch_overlay, json; print(json.dumps({s.id: s.reason for s in torch_overlay.status()}))",
@@ -64,7 +66,9 @@ def test_two_threads_importing_at_once(sandbox, config):
     for i in range(4):
         name, path = sandbox.module(SLOW.format(v=i))
         names.append(name)
-        patches.append((f"000{i}-p{i}.patch", make_patch(f"p{i}", [make_diff(path, SLOW.format(v=i), SLOW.format(v=i + 100))])))
+        patches.append(
+            (f"000{i}-p{i}.patch", make_patch(f"p{i}", [make_diff(path, SLOW.format(v=i), SLOW.format(v=i + 100))]))
+        )
     sandbox.series(*patches)
     overlay = Overlay(config())
     overlay.activate()

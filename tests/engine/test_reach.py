@@ -143,7 +143,9 @@ def _run(tmp_path, **switches):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY_") or k == "TORCH_OVERLAY_CACHE_DIR"}
     env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **switches)
     (tmp_path / "tiny.py").write_text(TINY)
-    proc = subprocess.run([sys.executable, "tiny.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "tiny.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 

@@ -175,7 +175,9 @@ def test_two_patch_files_that_claim_one_id_fail_it_and_say_both(sandbox, config,
         ("0002-fix.patch", make_patch("fix", [make_diff(path, MODULE, other)], subject="another fix")),
     )
     overlay = overlays(config())
-    with pytest.warns(UserWarning, match="patch fix failed: malformed patch: 0001-fix.patch and 0002-fix.patch both say"):
+    with pytest.warns(
+        UserWarning, match="patch fix failed: malformed patch: 0001-fix.patch and 0002-fix.patch both say"
+    ):
         overlay.activate()
     (row,) = overlay.status()
     assert (row.id, row.state) == ("fix", "failed") and "0002-fix.patch" in row.reason

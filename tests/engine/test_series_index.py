@@ -255,7 +255,10 @@ def _rows(*rows: object) -> dict[str, bytes]:
         (K, _rows(("../../outside.patch", "s", FIELDS, ("torch/x.py",), bytes(32)))),
         (K, _rows(("..", "s", FIELDS, ("torch/x.py",), bytes(32)))),
         (K, _rows(("0001-fix.patch", "s", {"Overlay-Id": 1}, ("torch/x.py",), bytes(32)))),
-        (K, _rows(("0001-fix.patch", "s", {"Overlay-Id": "fix", "Symptom": "not indexed"}, ("torch/x.py",), bytes(32)))),
+        (
+            K,
+            _rows(("0001-fix.patch", "s", {"Overlay-Id": "fix", "Symptom": "not indexed"}, ("torch/x.py",), bytes(32))),
+        ),
         (K, _rows(("0001-fix.patch", "s", {"Bug": "no id"}, ("torch/x.py",), bytes(32)))),
         (K, _rows(("0001-fix.patch", "s", {"Overlay-Id": "another"}, ("torch/x.py",), bytes(32)))),  # not its id
         (K, _rows(("0001-fix.patch", "s", FIELDS, ("/etc/passwd",), bytes(32)))),
@@ -296,5 +299,9 @@ def test_a_well_formed_row_is_believed(tmp_path: Path) -> None:
     blob = _rows(("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32)), ("its later file failed",))["fix"]
     patch = series_index._patch_from_index(tmp_path, "fix", blob)
     assert patch is not None
-    assert (patch.id, [v.name for v in patch.variants], patch.error) == ("fix", ["0001-fix.patch"], "its later file failed")
+    assert (patch.id, [v.name for v in patch.variants], patch.error) == (
+        "fix",
+        ["0001-fix.patch"],
+        "its later file failed",
+    )
     assert patch.variants[0].path == tmp_path / "0001-fix.patch"

@@ -20,7 +20,9 @@ PROBE = f"import os, torch_overlay; print(os.environ.get({voice.REPORTED!r}, '')
 
 
 def _import(**env: str) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY") and k not in ("RANK", "LOCAL_RANK")}
+    full = {
+        k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY") and k not in ("RANK", "LOCAL_RANK")
+    }
     full.update(PYTHONPATH=str(REPO), **env)
     return subprocess.run([sys.executable, "-c", PROBE], env=full, capture_output=True, text=True, timeout=300)
 
@@ -39,7 +41,9 @@ def test_a_single_process_always_says_it_and_marks_its_children():
     assert "TORCH_OVERLAY='flasee' is not understood" in other.stderr
 
 
-@pytest.mark.parametrize(("rank_vars", "said"), [({"RANK": "0"}, True), ({"RANK": "1"}, False), ({"LOCAL_RANK": "3"}, False)])
+@pytest.mark.parametrize(
+    ("rank_vars", "said"), [({"RANK": "0"}, True), ({"RANK": "1"}, False), ({"LOCAL_RANK": "3"}, False)]
+)
 def test_under_torchrun_rank_0_says_it(rank_vars, said):
     proc = _import(TORCH_OVERLAY="flase", **rank_vars)
     assert (TYPO in proc.stderr) is said, proc.stderr

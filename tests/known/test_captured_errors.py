@@ -119,15 +119,23 @@ def test_installed_torch_raises_what_is_stored(fix, live):
     assert now is not None, f"{fix.id}: no Error-Test/Quick-Test to run"
     entry = stored(release).get(fix.id)
     if now["outcome"] == "passes":
-        assert entry is None, f"{fix.id}'s reproducer passes without the overlay on {TORCH}, but the capture says it fails"
+        assert entry is None, (
+            f"{fix.id}'s reproducer passes without the overlay on {TORCH}, but the capture says it fails"
+        )
         pytest.skip(f"{fix.id}'s reproducer passes without the overlay on torch {TORCH}")
     refresh = f"refresh with `./build.sh matrix --ids {fix.id} {release}`"
-    assert entry is not None, f"{fix.id} fails without the overlay on {TORCH}, but patches/captured/{release}.json has no entry: {refresh}"
+    assert entry is not None, (
+        f"{fix.id} fails without the overlay on {TORCH}, but patches/captured/{release}.json has no entry: {refresh}"
+    )
     if now["outcome"] == "timeout":
         pytest.skip(f"{fix.id}: the reproducer's processes ran out of time on this machine; nothing to compare")
     if "peer" in (now["outcome"], entry["outcome"]):
         pytest.skip(f"{fix.id}: the rank reported lost its peer; the rank that raised is not in the text")
-    assert now["outcome"] == entry["outcome"], f"{fix.id} on {TORCH}: {now['outcome']} now, {entry['outcome']} stored: {refresh}"
+    assert now["outcome"] == entry["outcome"], (
+        f"{fix.id} on {TORCH}: {now['outcome']} now, {entry['outcome']} stored: {refresh}"
+    )
     if now["outcome"] == "error":
-        assert headline(now["text"]) == headline(entry["text"]), f"{fix.id}: torch {TORCH} raises another error than stored: {refresh}"
+        assert headline(now["text"]) == headline(entry["text"]), (
+            f"{fix.id}: torch {TORCH} raises another error than stored: {refresh}"
+        )
         check_named(fix.id, now["text"], release)

@@ -70,7 +70,9 @@ def _installed(file: str) -> bytes | mmap.mmap:
         return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: f"{m['text'].split(':', 1)[0]} {m['file'].rsplit('/', 1)[-1]}")
+@pytest.mark.parametrize(
+    "message", MESSAGES, ids=lambda m: f"{m['text'].split(':', 1)[0]} {m['file'].rsplit('/', 1)[-1]}"
+)
 def test_each_torch_message_is_in_the_installed_torch(message):
     if RELEASE not in message["releases"]:
         pytest.skip(f"{message['file']}: not said to hold this message on torch {RELEASE}")

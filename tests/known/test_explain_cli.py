@@ -97,7 +97,7 @@ def test_two_ranks_failing_differently_name_both(capsys, log):
 
 def test_looked_at_report_gives_its_workaround(capsys, log):
     text = (
-        "Traceback (most recent call last):\n  File \"/x/t.py\", line 1, in <module>\n    loss.backward()\n"
+        'Traceback (most recent call last):\n  File "/x/t.py", line 1, in <module>\n    loss.backward()\n'
         "torch.utils.checkpoint.CheckpointError: torch.utils.checkpoint: trying to save more tensors during "
         "recomputation than during the original forward pass.\n"
     )
@@ -110,8 +110,13 @@ def test_looked_at_report_gives_its_workaround(capsys, log):
 
 def test_disabled_fix_on_the_installed_torch_says_so():
     catalogue = load_catalogue(PATCHES)
-    (ex,) = explain_log(SPLIT_SLICE, catalogue, "2.12.1", installed=True,
-                        env={"TORCH_OVERLAY_DISABLE": "x,inductor-unbacked-split-slice"})
+    (ex,) = explain_log(
+        SPLIT_SLICE,
+        catalogue,
+        "2.12.1",
+        installed=True,
+        env={"TORCH_OVERLAY_DISABLE": "x,inductor-unbacked-split-slice"},
+    )
     assert ex.matches[0].verdict == "fix-not-active"
     assert "TORCH_OVERLAY_DISABLE names it" in ex.matches[0].advice
     (ex,) = explain_log(SPLIT_SLICE, catalogue, "2.12.1", installed=True, env={"TORCH_OVERLAY": "0"})
@@ -200,10 +205,17 @@ def test_possibly_when_the_paste_lacks_the_frame_a_signature_asks_for(capsys, lo
     message = "AttributeError: 'FSDPParam' object has no attribute '_unsharded_param'\n"
     rc, out = _explain(capsys, log(message), "--torch", "2.13.0")
     assert rc == 0
-    assert [(m["id"], m["confidence"]) for m in out["errors"][0]["matches"]] == [("fsdp-accumulated-grad-unused-unit", "possibly")]
-    framed = 'Traceback (most recent call last):\n  File "/s/torch/distributed/fsdp/_fully_shard/_fsdp_param.py", line 7, in to_accumulated_grad_if_needed\n    x\n' + message
+    assert [(m["id"], m["confidence"]) for m in out["errors"][0]["matches"]] == [
+        ("fsdp-accumulated-grad-unused-unit", "possibly")
+    ]
+    framed = (
+        'Traceback (most recent call last):\n  File "/s/torch/distributed/fsdp/_fully_shard/_fsdp_param.py", line 7, in to_accumulated_grad_if_needed\n    x\n'
+        + message
+    )
     rc, out = _explain(capsys, log(framed), "--torch", "2.13.0")
-    assert [(m["id"], m["confidence"]) for m in out["errors"][0]["matches"]] == [("fsdp-accumulated-grad-unused-unit", "known")]
+    assert [(m["id"], m["confidence"]) for m in out["errors"][0]["matches"]] == [
+        ("fsdp-accumulated-grad-unused-unit", "known")
+    ]
     assert main(["explain", log(message), "--torch", "2.13.0"]) == 0
     assert "possibly a known bug: fsdp-accumulated-grad-unused-unit" in capsys.readouterr().out
 
@@ -227,7 +239,10 @@ def test_the_torch_version_is_said_once_and_checked(capsys, log):
     assert "not a torch version" in capsys.readouterr().err
     rc, out = _explain(capsys, log(SPLIT_SLICE), "--torch", "9.9")
     (match,) = out["errors"][0]["matches"]
-    assert match["verdict"] in ("fixed-upstream", "no-fix-for-this-torch") and "applies on torch 9.9" not in match["advice"]
+    assert (
+        match["verdict"] in ("fixed-upstream", "no-fix-for-this-torch")
+        and "applies on torch 9.9" not in match["advice"]
+    )
 
 
 def test_a_closed_pipe_ends_quietly(log):

@@ -22,7 +22,11 @@ def _run(script: str, **env: str) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY") and k != "RANK"}
     full.update(PYTHONPATH=str(REPO), TORCH_OVERLAY_CACHE_DIR=os.environ["TORCH_OVERLAY_CACHE_DIR"], **env)
     return subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", textwrap.dedent(script)], capture_output=True, text=True, env=full, timeout=300
+        [sys.executable, "-W", "ignore", "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=300,
     )
 
 
@@ -60,12 +64,17 @@ def test_late_import_gets_the_import_first_remedy():
 
 def test_no_line_when_the_fix_is_active_or_the_error_unknown_or_not_rank_0():
     assert not _hint_lines(_run(f"import torch_overlay\n{RAISE}\n").stderr)
-    assert not _hint_lines(_run("import torch_overlay\nraise RuntimeError('shape mismatch in my model')\n",
-                                TORCH_OVERLAY_DISABLE=FIX).stderr)
+    assert not _hint_lines(
+        _run(
+            "import torch_overlay\nraise RuntimeError('shape mismatch in my model')\n", TORCH_OVERLAY_DISABLE=FIX
+        ).stderr
+    )
     assert not _hint_lines(_run(f"import torch_overlay\n{RAISE}\n", TORCH_OVERLAY_DISABLE=FIX, RANK="1").stderr)
 
 
 def test_matching_is_lazy():
     """Nothing of the matcher is imported until an exception escapes."""
-    proc = _run("import sys, torch_overlay\nprint(sorted(m for m in sys.modules if m.startswith('torch_overlay.known')))")
+    proc = _run(
+        "import sys, torch_overlay\nprint(sorted(m for m in sys.modules if m.startswith('torch_overlay.known')))"
+    )
     assert proc.stdout.strip() == "['torch_overlay.known', 'torch_overlay.known.hint']", proc.stdout

@@ -156,8 +156,10 @@ File "torch/distributed/fsdp/_fully_shard/_fsdp_param.py", line 733,
 AttributeError: 'FSDPParam' object has no attribute '_unsharded_param'
 ```"""
     (error,) = find_errors(before)
-    assert error.frames == ('File "torch/distributed/fsdp/_fully_shard/_fsdp_param.py", line 733, in to_accumulated_grad_if_needed',)
-    after = "TypeError: torch.finfo() requires a floating point input type\n  File \"dcp/_consolidate_hf_safetensors.py\", line 9, in _parse_input_metadata\n"
+    assert error.frames == (
+        'File "torch/distributed/fsdp/_fully_shard/_fsdp_param.py", line 733, in to_accumulated_grad_if_needed',
+    )
+    after = 'TypeError: torch.finfo() requires a floating point input type\n  File "dcp/_consolidate_hf_safetensors.py", line 9, in _parse_input_metadata\n'
     (error,) = find_errors(after)
     assert error.type == "TypeError" and "_parse_input_metadata" in error.frames[0]
 
@@ -165,7 +167,9 @@ AttributeError: 'FSDPParam' object has no attribute '_unsharded_param'
 def test_exception_classes_not_named_error_and_nccl_lines_without_thread_id():
     (error,) = find_errors("torch._dynamo.exc.FailOnRecompileLimitHit: recompile_limit reached with fullgraph=True\n")
     assert error.type.endswith("FailOnRecompileLimitHit")
-    (error,) = find_errors("[rank0]:[E1128 10:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout\n")
+    (error,) = find_errors(
+        "[rank0]:[E1128 10:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout\n"
+    )
     assert "Watchdog caught" in error.message and error.ranks == ["0"]
 
 

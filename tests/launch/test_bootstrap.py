@@ -64,8 +64,9 @@ def test_a_strict_child_whose_overlay_import_fails_stops(tmp_path):
     env = launch_env({"PYTHONPATH": ""})
     missing = str(tmp_path / "no-such-series")
     job = "print('THE JOB RAN')"
-    strict = _python("-c", job, pythonpath=[env["PYTHONPATH"]], cwd=tmp_path,
-                     TORCH_OVERLAY_PATCHES=missing, TORCH_OVERLAY_STRICT="1")
+    strict = _python(
+        "-c", job, pythonpath=[env["PYTHONPATH"]], cwd=tmp_path, TORCH_OVERLAY_PATCHES=missing, TORCH_OVERLAY_STRICT="1"
+    )
     assert strict.returncode == 1 and "THE JOB RAN" not in strict.stdout
     assert "TORCH_OVERLAY_STRICT=1, so this process stops" in strict.stderr and missing in strict.stderr
     relaxed = _python("-c", job, pythonpath=[env["PYTHONPATH"]], cwd=tmp_path, TORCH_OVERLAY_PATCHES=missing)

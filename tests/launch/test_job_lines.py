@@ -42,8 +42,7 @@ LATE_JOB = textwrap.dedent(
 )
 
 LAUNCH = (
-    f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-    "from torch_overlay.launch.launcher import main; sys.exit(main())"
+    f"import sys; sys.path.insert(0, {str(REPO)!r}); from torch_overlay.launch.launcher import main; sys.exit(main())"
 )
 
 

@@ -49,7 +49,9 @@ SPAWN_SCRIPT = textwrap.dedent(
 
 
 # The launcher with no PYTHONPATH: it must make the package importable for the job itself.
-LAUNCH = f"import sys; sys.path.insert(0, {str(REPO)!r}); from torch_overlay.launch.launcher import main; sys.exit(main())"
+LAUNCH = (
+    f"import sys; sys.path.insert(0, {str(REPO)!r}); from torch_overlay.launch.launcher import main; sys.exit(main())"
+)
 
 
 def _launch(
@@ -146,7 +148,10 @@ def test_one_voice_per_job(tmp_path):
 
 def test_help_says_what_check_ranks_does():
     proc = subprocess.run(
-        [sys.executable, "-c", LAUNCH, "--help"], env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True
+        [sys.executable, "-c", LAUNCH, "--help"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())

@@ -21,7 +21,9 @@ SCRIPT = Path(__file__).with_name("transformers_tp_train.py")
 if os.environ.get("TORCH_OVERLAY_TEST_LEG") == "full":
     import transformers  # noqa: F401  # CI's full leg installs it (build.sh): never skip there
 else:
-    pytest.importorskip("transformers", reason="the transformers recipe needs transformers (./build.sh test installs it)")
+    pytest.importorskip(
+        "transformers", reason="the transformers recipe needs transformers (./build.sh test installs it)"
+    )
 
 
 def _torchrun(tmp_path: Path, *, overlay: bool) -> subprocess.CompletedProcess[str]:

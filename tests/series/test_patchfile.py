@@ -47,7 +47,15 @@ def test_silent_is_a_field_not_upstream_text(tmp_path):
         (lambda t: t.replace("@@ -1,2 +1,2 @@", "@@ -1,5 +1,2 @@"), "unexpected line in hunk", None),
         (lambda t: t.replace("+++ b/torch/a.py", "+++ b/torch/c.py"), "renames are not supported", None),
         (lambda t: t.replace("--- a/torch/a.py", "--- a/setup.py"), "outside the torch/ tree", None),
-        (lambda t: t.replace("     return", "?    return", 1) if "     return" in t else t.replace("-    return 1", "?    return 1"), "unexpected line", None),
+        (
+            lambda t: (
+                t.replace("     return", "?    return", 1)
+                if "     return" in t
+                else t.replace("-    return 1", "?    return 1")
+            ),
+            "unexpected line",
+            None,
+        ),
     ],
 )
 def test_malformed_patch_names_file_and_line(tmp_path, mutate, message, line):
@@ -110,7 +118,9 @@ def _by_lines(text):
 
 _MESSAGE_LINES = st.one_of(
     st.sampled_from(["Bug: https://x/1", "Affects: 2.11", "Test-Select: a b", "Test: t.py", "Introduced:2.12"]),
-    st.sampled_from(["Not-A-Field: x", "Bugs: no", " Bug: indented", "", "text", "--- not the end", "Overlay-Notes: n"]),
+    st.sampled_from(
+        ["Not-A-Field: x", "Bugs: no", " Bug: indented", "", "text", "--- not the end", "Overlay-Notes: n"]
+    ),
     st.text(alphabet="ab :-\t", max_size=12),
 )
 

@@ -23,6 +23,10 @@ def test_every_benchmark_runs_in_smoke_size():
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     benchmarks = sorted(p.name for p in (REPO / "benchmarks").glob("bench_*.py"))
-    ran = [line.split()[1].removeprefix("benchmarks/") for line in proc.stdout.splitlines() if line.startswith("== benchmarks/")]
+    ran = [
+        line.split()[1].removeprefix("benchmarks/")
+        for line in proc.stdout.splitlines()
+        if line.startswith("== benchmarks/")
+    ]
     assert ran == benchmarks
     assert "error:" not in proc.stderr

@@ -37,7 +37,9 @@ ELSEWHERE = {
 def _build_sh(*args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_OVERLAY", "TORCH_OVERLAY_DISABLE")}
     env.update(PYTHON=sys.executable, TORCH_VERSION=torch.__version__.split("+")[0])
-    return subprocess.run([REPO / "build.sh", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
+    return subprocess.run(
+        [REPO / "build.sh", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout
+    )
 
 
 def _verbs() -> list[str]:
@@ -63,7 +65,9 @@ def test_demo_of_one_fix_runs_status_and_verify():
     proc = _build_sh("demo", FIX)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "== python -m torch_overlay status" in proc.stdout
-    assert re.search(rf"^{FIX}\s+fail\s+pass\s+bug present without, fixed with the overlay", proc.stdout, re.M), proc.stdout
+    assert re.search(rf"^{FIX}\s+fail\s+pass\s+bug present without, fixed with the overlay", proc.stdout, re.M), (
+        proc.stdout
+    )
 
 
 @one_leg

@@ -18,7 +18,7 @@ from torch_overlay.tools.compare import Difference, Slowdown, compare, durations
 ROOT = Path(__file__).resolve().parents[2]
 
 # No torch: each test reads which side it runs on.
-_TESTS = '''
+_TESTS = """
 import os
 import sys
 
@@ -41,7 +41,7 @@ def test_the_launcher_imported_the_overlay_first():
 
 def test_broken_either_way():
     assert False
-'''
+"""
 
 
 @pytest.fixture
@@ -92,10 +92,13 @@ def test_build_sh_compare(test_file: Path) -> None:
         text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert textwrap.dedent("""\
+    assert (
+        textwrap.dedent("""\
         1 test(s) change outcome (without -> with):
           test_upstream_like::test_fixed_by_the_overlay: fail -> pass
-        """) in proc.stdout
+        """)
+        in proc.stdout
+    )
 
 
 def test_options_after_the_file_and_pytest_args_after_dashes(test_file: Path) -> None:
@@ -111,7 +114,7 @@ def test_options_after_the_file_and_pytest_args_after_dashes(test_file: Path) ->
     assert "no test of test_upstream_like.py changes outcome with the overlay (1 tests)" in proc.stdout
 
 
-_HANGS = '''
+_HANGS = """
 import subprocess
 import sys
 import time
@@ -124,7 +127,7 @@ def test_spawns_a_child_and_hangs():
         f.write(str(child.pid))
     print("waiting for the child")
     time.sleep(600)
-'''
+"""
 
 
 def test_a_timeout_ends_the_spawned_processes_and_shows_pytests_output(tmp_path: Path) -> None:
@@ -166,7 +169,7 @@ def test_durations_read_from_the_junit_report(tmp_path: Path) -> None:
     assert durations(report) == {"m.C::test_a": 12.5, "m.C::test_b": 0.0}
 
 
-_SLOWER = '''
+_SLOWER = """
 import os
 import time
 
@@ -178,7 +181,7 @@ def test_slower_with_the_overlay():
 
 def test_quick():
     pass
-'''
+"""
 
 
 def test_lists_times_and_flags_a_slowdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -265,7 +268,9 @@ def test_json_holds_the_comparison_and_reach_is_counted_in_a_run_of_its_own(
     out = io.StringIO()
     assert run_compare(path, out=out, json_out=result) == 0
     # On 3.11 reach's profile function would slow the timed run with the overlay: it counts in a third.
-    assert arms == ([(False, False), (True, False), (True, True)] if sys.version_info < (3, 12) else [(False, False), (True, True)])
+    assert arms == (
+        [(False, False), (True, False), (True, True)] if sys.version_info < (3, 12) else [(False, False), (True, True)]
+    )
     data = json.loads(result.read_text(encoding="utf-8"))
     assert data["without"] == data["with"] and sum(data["with"].values()) == 3
     assert data["differences"] == [] and data["slowdowns"] == []

@@ -80,7 +80,10 @@ def test_a_patch_with_both_kinds_gives_an_installed_torch_its_python_part(checko
     mixed = add_synthetic_patch(patches, "mixed-fix", CPP, BEFORE, AFTER)
     py_diff = "".join(
         difflib.unified_diff(
-            py_before.splitlines(True), py_before.replace("pack(t)", "tuple(t)").splitlines(True), f"a/{py_path}", f"b/{py_path}"
+            py_before.splitlines(True),
+            py_before.replace("pack(t)", "tuple(t)").splitlines(True),
+            f"a/{py_path}",
+            f"b/{py_path}",
         )
     )
     text = mixed.read_text().replace("-- \n2.39.5\n", f"diff --git a/{py_path} b/{py_path}\n{py_diff}-- \n2.39.5\n")

@@ -24,13 +24,23 @@ def _reports(tmp_path: Path, torch: str, states: dict[str, str], verdicts: dict[
 
 
 def test_cells_agree_with_the_fields(tmp_path, capsys):
-    patches = [_patch("fix-a", Affects="2.11.0", **{"Applied-Upstream": "2.13.0"}), _patch("fix-b", Affects="2.11.0, 2.13.0")]
+    patches = [
+        _patch("fix-a", Affects="2.11.0", **{"Applied-Upstream": "2.13.0"}),
+        _patch("fix-b", Affects="2.11.0, 2.13.0"),
+    ]
     reports = _reports(
-        tmp_path, "2.11.0+cpu", {"fix-a": "applied", "fix-b": "applied"},
-        {"fix-a": "bug present without, fixed with the overlay", "fix-b": "bug present without, fixed with the overlay"},
+        tmp_path,
+        "2.11.0+cpu",
+        {"fix-a": "applied", "fix-b": "applied"},
+        {
+            "fix-a": "bug present without, fixed with the overlay",
+            "fix-b": "bug present without, fixed with the overlay",
+        },
     )
     reports += _reports(
-        tmp_path, "2.13.0+cpu", {"fix-a": "upstream", "fix-b": "applied"},
+        tmp_path,
+        "2.13.0+cpu",
+        {"fix-a": "upstream", "fix-b": "applied"},
         {"fix-b": "bug present without, fixed with the overlay"},
     )
     out = tmp_path / "matrix.md"
@@ -44,11 +54,17 @@ def test_cells_agree_with_the_fields(tmp_path, capsys):
 def test_a_cell_against_the_fields_fails_the_run(tmp_path, capsys):
     patches = [_patch("fix-a", Affects="2.11.0"), _patch("fix-b", Affects="2.11.0"), _patch("fix-c", Affects="2.11.0")]
     reports = _reports(
-        tmp_path, "2.11.0", {"fix-a": "applied", "fix-b": "applied", "fix-c": "not needed"},
+        tmp_path,
+        "2.11.0",
+        {"fix-a": "applied", "fix-b": "applied", "fix-c": "not needed"},
         {"fix-a": "not needed on this torch (passes without the overlay)", "fix-b": "NOT FIXED: the reproducer fails"},
     )
-    reports += _reports(tmp_path, "2.13.0", {"fix-a": "applied", "fix-b": "upstream", "fix-c": "upstream"},
-                        {"fix-a": "bug present without, fixed with the overlay"})
+    reports += _reports(
+        tmp_path,
+        "2.13.0",
+        {"fix-a": "applied", "fix-b": "upstream", "fix-c": "upstream"},
+        {"fix-a": "bug present without, fixed with the overlay"},
+    )
     assert run_matrix(reports, patches, tmp_path / "matrix.md") == 1
     out = capsys.readouterr().out
     assert "fix-a on 2.11.0: Affects lists it, but the reproducer passes without the overlay" in out

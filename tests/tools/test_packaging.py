@@ -135,7 +135,10 @@ def test_the_launcher_refuses_to_start_without_its_bootstrap(installed, tmp_path
     shutil.copytree(site_pkg, broken / "torch_overlay", ignore=shutil.ignore_patterns("_bootstrap"))
     proc = subprocess.run(
         [venv / "bin" / "python", "-m", "torch_overlay", "run", "--", "python", "-c", "pass"],
-        env={**env, "PYTHONPATH": str(broken)}, cwd=tmp_path, capture_output=True, text=True,
+        env={**env, "PYTHONPATH": str(broken)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2
     assert "sitecustomize.py is missing" in proc.stderr, proc.stderr
@@ -143,7 +146,9 @@ def test_the_launcher_refuses_to_start_without_its_bootstrap(installed, tmp_path
 
 def test_the_installed_verify_says_once_that_it_runs_from_a_checkout(installed, tmp_path):
     venv, env = installed
-    proc = subprocess.run([venv / "bin" / "torch-overlay", "verify"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [venv / "bin" / "torch-overlay", "verify"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("verify runs from a source checkout") == 1, proc.stderr
     assert "no reproducer test found" not in proc.stdout + proc.stderr
@@ -165,7 +170,10 @@ def test_pip_install_then_explain_answers_from_the_packaged_data(installed, tmp_
     )
     proc = subprocess.run(
         [venv / "bin" / "torch-overlay", "explain", "--json", "--torch", "2.12.1", log],
-        capture_output=True, text=True, env=env, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = [(e["ranks"], [m["id"] for m in e["matches"]]) for e in json.loads(proc.stdout)["errors"]]

@@ -94,7 +94,11 @@ def test_stage_one_commit_per_patch(release, checkout, build_cli, no_git_identit
         compile(staged, upstream_test, "exec")
         # This commit adds its own classes and none of the other fixes' classes of the module.
         parent = f"{commit}^"
-        had = _class_names(git(src, "show", f"{parent}:{upstream_test}")) if _exists(src, parent, upstream_test) else set()
+        had = (
+            _class_names(git(src, "show", f"{parent}:{upstream_test}"))
+            if _exists(src, parent, upstream_test)
+            else set()
+        )
         added = _class_names(staged) - had
         assert set(classes) <= added, (step.patch.id, added)
         assert not added & other_classes(step.patch.id), (step.patch.id, added & other_classes(step.patch.id))
@@ -229,7 +233,7 @@ def test_merge_test_places_imports_and_future():
 
 # Upstream's own test files, as stand-ins: a class, helpers, imports, instantiation and main guard.
 _UPSTREAM_TESTS = {
-    "test/inductor/test_unbacked_symints.py": '''\
+    "test/inductor/test_unbacked_symints.py": """\
 # Owner(s): ["module: inductor"]
 
 import torch
@@ -252,8 +256,8 @@ instantiate_device_type_tests(TestUnbackedSymints, globals(), allow_xpu=True)
 if __name__ == "__main__":
     if HAS_CPU or HAS_GPU:
         run_tests()
-''',
-    "test/distributed/tensor/test_dtensor_compile.py": '''\
+""",
+    "test/distributed/tensor/test_dtensor_compile.py": """\
 # Owner(s): ["oncall: distributed"]
 
 import torch
@@ -268,14 +272,12 @@ class TestDTensorCompile(torch._dynamo.test_case.TestCase):
 
 if __name__ == "__main__":
     run_tests()
-''',
+""",
 }
 
 
 @pytest.mark.parametrize("release", [running_release()])
-def test_stage_commits_only_the_fixs_class_and_what_it_uses(
-    release, checkout, build_cli, no_git_identity, tmp_path
-):
+def test_stage_commits_only_the_fixs_class_and_what_it_uses(release, checkout, build_cli, no_git_identity, tmp_path):
     """One fix per upstream file: its class, its helpers, no other fix's class, no version gate."""
     src = checkout(release)
     wanted = ["aot-subclass-outputs-intermediate-bases", "inductor-unbacked-split-item"]
@@ -343,19 +345,19 @@ def test_resolve_gates_takes_the_newest_torchs_branch():
     staged = resolve_gates(_GATED)
     compile(staged, "t.py", "exec")
     assert not re.search(r"before|skip_before|for_torch|_torch_gates|2\.11", staged)
-    assert "        self.assertTrue(True)\n        x = \"\"\"\\\nnew\"\"\"\n        self.assertTrue(x)\n" in staged
+    assert '        self.assertTrue(True)\n        x = """\\\nnew"""\n        self.assertTrue(x)\n' in staged
     at_213 = resolve_gates(_GATED, "2.13.0")
     assert 'x = "old"' in at_213 and "2.11" not in at_213.replace('"2.11"', "")
     with pytest.raises(BuildError, match="skipped on torch 2.11"):
         resolve_gates(_GATED, "2.11.0")
     with pytest.raises(BuildError, match="decide its `if` alone"):
-        resolve_gates(_GATED.replace("if not (before(\"2.12\") and", "if not (before(\"2.12\") or"))
+        resolve_gates(_GATED.replace('if not (before("2.12") and', 'if not (before("2.12") or'))
     with pytest.raises(BuildError, match="cannot resolve"):
         resolve_gates(_GATED.replace("        self.assertTrue(x)\n", "        self.assertTrue(before)\n"))
 
 
 def test_select_classes_keeps_what_the_class_uses():
-    text = '''\
+    text = """\
 import os
 import sys
 from typing import Any, Callable
@@ -392,7 +394,7 @@ class TestTwo(torch.nn.Module):
 
 TestOneCopy = type("TestOneCopy", (TestOne,), {})
 print(TestTwo)
-'''
+"""
     one = fix_test(text, ["TestOne"])
     compile(one, "t.py", "exec")
     assert "class TestTwo" not in one and "other_helper" not in one and "import sys" not in one

@@ -174,7 +174,10 @@ def wheel_213(tmp_path_factory):
     # The running interpreter's packages (torch's dependencies, pytest, expecttest, hypothesis),
     # after the venv's own: the rebuilt torch comes first.
     purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     (Path(purelib) / "parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     subprocess.run(

@@ -71,10 +71,7 @@ class RankDifference:
         if self.kind == "extra":
             return f"rank {self.rank}: patch {self.patch_id} not in the reference's series"
         what = "state" if self.kind == "state" else "variant"
-        return (
-            f"rank {self.rank}: patch {self.patch_id} {what} {self.found} "
-            f"(reference: {self.expected})"
-        )
+        return f"rank {self.rank}: patch {self.patch_id} {what} {self.found} (reference: {self.expected})"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,11 +97,7 @@ class ReplicaMismatch:
         return tuple(sorted(r for group in self.rank_groups[1:] for r in group))
 
     def __str__(self) -> str:
-        dim = (
-            f"{self.mesh_dim} ({self.mesh_dim_name!r})"
-            if self.mesh_dim_name
-            else str(self.mesh_dim)
-        )
+        dim = f"{self.mesh_dim} ({self.mesh_dim_name!r})" if self.mesh_dim_name else str(self.mesh_dim)
         groups = " vs ".join(str(list(group)) for group in self.rank_groups)
         text = f"{self.kind} {self.name!r}: replicas differ on mesh dim {dim}: ranks {groups}"
         if self.detail:
@@ -268,9 +264,7 @@ def _float_gap(a: torch.Tensor, b: torch.Tensor) -> float:
     return gap
 
 
-def _split_ranks(
-    rows: torch.Tensor, ranks: list[int], atol: float
-) -> tuple[tuple[tuple[int, ...], ...], float]:
+def _split_ranks(rows: torch.Tensor, ranks: list[int], atol: float) -> tuple[tuple[tuple[int, ...], ...], float]:
     """Groups the ranks of one slot by checksum; rows is (group size, row width)."""
     reps: list[torch.Tensor] = []
     members: list[list[int]] = []
@@ -287,9 +281,7 @@ def _split_ranks(
     return tuple(tuple(members[i]) for i in order), gap
 
 
-def _compare(
-    bucket: _Bucket, gathered: torch.Tensor, atol: float
-) -> tuple[list[ReplicaMismatch], int]:
+def _compare(bucket: _Bucket, gathered: torch.Tensor, atol: float) -> tuple[list[ReplicaMismatch], int]:
     import torch.distributed as dist
 
     ranks = dist.get_process_group_ranks(bucket.group)
@@ -315,9 +307,7 @@ def _compare(
         elif (rows[:, index, NUMEL] != rows[0, index, NUMEL]).any():
             detail = "local sizes differ"
         mismatches.append(
-            ReplicaMismatch(
-                slot.name, slot.kind, slot.mesh_dim, slot.mesh_dim_name, rank_groups, gap, detail
-            )
+            ReplicaMismatch(slot.name, slot.kind, slot.mesh_dim, slot.mesh_dim_name, rank_groups, gap, detail)
         )
     return mismatches, int(compared.sum())
 
@@ -346,9 +336,7 @@ def _describe_disagreement(bucket: _Bucket, atol: float) -> list[ReplicaMismatch
         )
         dim_name = next(value[0] for value in values if value)
         mismatches.append(
-            ReplicaMismatch(
-                key[0], "param", key[1], dim_name, tuple(tuple(m) for _, m in groups), math.inf, detail
-            )
+            ReplicaMismatch(key[0], "param", key[1], dim_name, tuple(tuple(m) for _, m in groups), math.inf, detail)
         )
     if not mismatches:
         # The same parameters in another order (named_parameters() differs), or another atol.
@@ -359,9 +347,7 @@ def _describe_disagreement(bucket: _Bucket, atol: float) -> list[ReplicaMismatch
             else "ranks list their parameters in different orders"
         )
         mismatches.append(
-            ReplicaMismatch(
-                name, "param", mesh_dim, dim_name, (tuple(ranks),), math.inf, detail + "; nothing compared"
-            )
+            ReplicaMismatch(name, "param", mesh_dim, dim_name, (tuple(ranks),), math.inf, detail + "; nothing compared")
         )
     return mismatches
 
@@ -420,11 +406,7 @@ def check_replicas(
             rows = gathered.cpu().view(-1, _HEADER_WIDTH)
             (agreed if (rows == rows[0]).all() else disagreed).append(bucket)
         # Round 2: the checksum rows of each group that agreed and has something to compare.
-        pending = [
-            (bucket, *_all_gather(torch.stack(bucket.rows), bucket.group))
-            for bucket in agreed
-            if bucket.slots
-        ]
+        pending = [(bucket, *_all_gather(torch.stack(bucket.rows), bucket.group)) for bucket in agreed if bucket.slots]
         mismatches: list[ReplicaMismatch] = []
         for bucket in disagreed:
             mismatches += _describe_disagreement(bucket, atol)
@@ -478,9 +460,7 @@ class ReplicaGuard:
         self.action = action
         self.num_backwards = 0
         self.last_report: ReplicaReport | None = None
-        self._check: Callable[[], ReplicaReport] = lambda: check_replicas(
-            module, grads=grads, params=params, atol=atol
-        )
+        self._check: Callable[[], ReplicaReport] = lambda: check_replicas(module, grads=grads, params=params, atol=atol)
         self._queued = False
         # Any parameter receiving a grad queues one end-of-backward callback: a
         # hook on a single parameter would miss backwards that skip it (an

@@ -109,10 +109,12 @@ def format_explanations(explanations: list[Explanation], torch: str | None, widt
             what = "fix" if bug.kind == "fix" else "looked at, not taken"
             if match.confidence == POSSIBLY:
                 lines.append(f"  possibly a known bug: {bug.id} ({what}; {bug.link_names}): {bug.title}")
-                lines.extend(wrap.wrap(
-                    "the message matches, but the paste lacks what tells this bug from others with the same "
-                    "message (its traceback frames or exception class): paste the whole traceback to be sure"
-                ))
+                lines.extend(
+                    wrap.wrap(
+                        "the message matches, but the paste lacks what tells this bug from others with the same "
+                        "message (its traceback frames or exception class): paste the whole traceback to be sure"
+                    )
+                )
             else:
                 lines.append(f"  known bug: {bug.id} ({what}; {bug.link_names}): {bug.title}")
             lines.append(f"    broken on torch {broken_on(bug)}")
@@ -144,7 +146,9 @@ def cmd_explain(args: argparse.Namespace, patches_dir: Path) -> int:
             print(f"error: --torch {torch!r} is not a torch version (e.g. --torch 2.13.0)", file=sys.stderr)
             return 2
     drifted = _drift_check(patches_dir, torch) if installed and torch else (lambda pid: None)
-    explanations = explain_log("\n".join(texts), catalogue, torch, installed=installed and torch is not None, drifted=drifted)
+    explanations = explain_log(
+        "\n".join(texts), catalogue, torch, installed=installed and torch is not None, drifted=drifted
+    )
     if args.json:
         text = json.dumps({"torch": torch, "errors": [e.as_dict() for e in explanations]}, indent=2)
     else:

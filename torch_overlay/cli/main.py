@@ -135,7 +135,16 @@ def cmd_warm(args: argparse.Namespace) -> int:
         return 0
     report = warm(overlay)
     if args.json:
-        print(json.dumps({"torch": torch_version(), "folder": report.folder, "compiled": report.compiled, "cached": report.cached}))
+        print(
+            json.dumps(
+                {
+                    "torch": torch_version(),
+                    "folder": report.folder,
+                    "compiled": report.compiled,
+                    "cached": report.cached,
+                }
+            )
+        )
     else:
         print(f"torch {torch_version()}: {report.line()}")
     for problem in overlay.problems:
@@ -177,10 +186,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
         from .budget import within_budget
         from .timings import Timings
 
-        patches, left_out = within_budget(patches, Timings(torch_version(), "quick" if args.quick else "full"), args.budget)
+        patches, left_out = within_budget(
+            patches, Timings(torch_version(), "quick" if args.quick else "full"), args.budget
+        )
     verdicts = verify(
-        patches, repo, quick=args.quick, jobs=args.jobs, timeout=args.timeout,
-        torch_version=torch_version(), progress=lambda line: print(line, file=sys.stderr, flush=True),
+        patches,
+        repo,
+        quick=args.quick,
+        jobs=args.jobs,
+        timeout=args.timeout,
+        torch_version=torch_version(),
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     if args.json:
         left = {"left_out": [p.id for p in left_out]} if args.budget is not None else {}
@@ -268,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_explain)
     sub.add_parser(
-        "run", help="[--check-ranks[=warn|fail]] -- CMD ...: run CMD with torch_overlay imported first in every Python process"
+        "run",
+        help="[--check-ranks[=warn|fail]] -- CMD ...: run CMD with torch_overlay imported first in every Python process",
     )
     argv = sys.argv[1:] if argv is None else argv
     # The job's lines are for a job: `status` imports torch here to report, not to train.

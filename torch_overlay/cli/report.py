@@ -10,7 +10,16 @@ from .._state import PatchState, PatchStatus
 from ..series.series import Patch
 from ..series.versions import parse_version
 
-__all__ = ["affected_span", "format_late_imports", "format_status", "short_bug", "status_summary", "to_json", "why_needed", "wrap"]
+__all__ = [
+    "affected_span",
+    "format_late_imports",
+    "format_status",
+    "short_bug",
+    "status_summary",
+    "to_json",
+    "why_needed",
+    "wrap",
+]
 
 # The states whose row says why the fix matters for this torch (the patch's fields); the others
 # say why it does not apply here (the engine's reason).

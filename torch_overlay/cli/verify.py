@@ -413,8 +413,14 @@ def verify(
         details = {side: o.detail for side, o in (("without", without), ("with", with_)) if o.detail}
         verdicts.append(
             Verdict(
-                rep.id, rep.label, without.state, with_.state, judge(without, with_),
-                seconds.get(rep.id, 0.0), rep.symptom, details,
+                rep.id,
+                rep.label,
+                without.state,
+                with_.state,
+                judge(without, with_),
+                seconds.get(rep.id, 0.0),
+                rep.symptom,
+                details,
             )
         )
     return verdicts

@@ -212,7 +212,9 @@ def _compile_patched(
             # Compiled alone, the statement still needs the module's `from __future__` imports,
             # and the names bound by its imports: CPython compiles `mod.f()` differently when
             # `mod` is an imported name. Under `if False:` they are seen but not executed.
-            unit: list[ast.stmt] = [ast.If(test=ast.Constant(False), body=imports, orelse=[]), stmt] if imports else [stmt]
+            unit: list[ast.stmt] = (
+                [ast.If(test=ast.Constant(False), body=imports, orelse=[]), stmt] if imports else [stmt]
+            )
             tree = ast.fix_missing_locations(ast.Module(body=unit, type_ignores=[]))
             code = compile(tree, filename, "exec", flags=future_flags, dont_inherit=True)
             added.append((code, _bound_names(stmt), stmt.lineno))
@@ -250,9 +252,7 @@ def _compile_patched_cached(
     return cache.load_or_build(key, lambda: _compile_patched(module_name, old_source, new_source, filename), check)
 
 
-def plan_swap(
-    module: types.ModuleType, old_source: str, new_source: str, filename: str, cache: CodeCache
-) -> SwapPlan:
+def plan_swap(module: types.ModuleType, old_source: str, new_source: str, filename: str, cache: CodeCache) -> SwapPlan:
     """Work out, without changing anything, how to make ``module`` run ``new_source``.
 
     ``old_source`` must be the source the module's live code was compiled from (or was swapped to).

@@ -55,7 +55,9 @@ def decide_component(
     # A patch made only now (a recalled activation) that could not be, or whose file this process
     # does not find: it fails alone, as at activation.
     failed_early = {
-        id(e): f"malformed patch: {e.patch.error}" for e in component.entries if e.state == PatchState.PENDING and e.patch.error
+        id(e): f"malformed patch: {e.patch.error}"
+        for e in component.entries
+        if e.state == PatchState.PENDING and e.patch.error
     }
     if component.recalled:
         failed_early = {**_files_as_found(component), **failed_early}
@@ -154,7 +156,12 @@ def decide_component(
     component.texts = current
     # Kept if the files did not change while it was decided, nor so recently that they could again
     # within their timestamps' resolution without a new signature.
-    if key is not None and decision_key(component, version) == key and not excluded and settled(list(signatures.values())):
+    if (
+        key is not None
+        and decision_key(component, version) == key
+        and not excluded
+        and settled(list(signatures.values()))
+    ):
         remember(key, component, outcomes, cache)
     return outcomes, imported
 

@@ -73,7 +73,9 @@ def summary_line(entries: list[Entry], version: str) -> str:
     counts: dict[str, list[str]] = {}
     for e in entries:
         counts.setdefault(str(e.state), []).append(e.id)
-    return f"torch_overlay on torch {version}: " + "; ".join(f"{state}: {', '.join(ids)}" for state, ids in counts.items())
+    return f"torch_overlay on torch {version}: " + "; ".join(
+        f"{state}: {', '.join(ids)}" for state, ids in counts.items()
+    )
 
 
 def job_start_line(entries: list[Entry], version: str, unmade: int = 0) -> str:

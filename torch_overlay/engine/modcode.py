@@ -121,7 +121,9 @@ def _changed_qualnames(before: str, after: str, tree: ast.Module) -> list[str]:
     return [q for q in out if not any(q.startswith(f"{p}.<locals>.") for p in out)]
 
 
-def _build(module_name: str, filename: str, base: str, steps: list[tuple[str, str]]) -> tuple[types.CodeType, dict, str]:
+def _build(
+    module_name: str, filename: str, base: str, steps: list[tuple[str, str]]
+) -> tuple[types.CodeType, dict, str]:
     changed: dict[str, list[str]] = {}
     before = base
     tree = None
@@ -160,7 +162,9 @@ def compile_module(
     def digest(text: str) -> str:
         return hashlib.sha256(text.encode()).hexdigest()
 
-    key = "\0".join(("module", sys.version, module_name, filename, digest(base), *(f"{p}:{digest(t)}" for p, t in steps)))
+    key = "\0".join(
+        ("module", sys.version, module_name, filename, digest(base), *(f"{p}:{digest(t)}" for p, t in steps))
+    )
     build = lambda: _build(module_name, filename, base, steps)  # noqa: E731
     code, changed, text = cache.load_or_build(key, build, _compiled_for(filename, [p for p, _ in steps]))
     return ModuleCode(code, changed, filename, text, key)

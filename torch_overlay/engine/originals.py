@@ -64,7 +64,9 @@ def installed_name(file: Path) -> str:
     return os.path.join(os.path.dirname(file), ".", os.path.basename(file))
 
 
-def patched_codes(entries: list[Entry], components: Iterable[Component]) -> dict[int, tuple[types.CodeType, Entry | None, str]]:
+def patched_codes(
+    entries: list[Entry], components: Iterable[Component]
+) -> dict[int, tuple[types.CodeType, Entry | None, str]]:
     """id(code) -> (code, entry of a swap or None, module) for every code object a patch changed."""
     out: dict[int, tuple[types.CodeType, Entry | None, str]] = {}
     for entry in entries:

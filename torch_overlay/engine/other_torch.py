@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
         def report_problem(self, message: str) -> None: ...
 
+
 __all__ = ["left_to_another_torch"]
 
 

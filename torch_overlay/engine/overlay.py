@@ -22,6 +22,7 @@ from .._config import Config, load_config, unknown_ids_problem
 from .._state import Mode, OverlayError, PatchState, PatchStatus
 from ..series.series import Patch, SeriesError
 from ..series.versions import torch_version
+
 # Only what activation needs is imported here: `import torch_overlay` is on the path of every
 # job's `import torch` (README, Benchmarks); the rest is imported where it is first used.
 from .activation_memo import recall, settle_and_group
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["Overlay"]
 
 log = logging.getLogger("torch_overlay")
-
 
 
 class Overlay:
@@ -221,7 +221,9 @@ class Overlay:
                 return None
             if not ready:
                 for entry in plan.entries:
-                    self._set(entry, PatchState.FAILED, f"{plan.target.path} changed on disk since the patch was decided")
+                    self._set(
+                        entry, PatchState.FAILED, f"{plan.target.path} changed on disk since the patch was decided"
+                    )
                 _raise_if_strict(self.config, plan.entries)
                 return None
             assert plan.code is not None

@@ -32,7 +32,9 @@ class WarmReport:
 
     def line(self) -> str:
         if self.folder is None:
-            return "no code cache to fill (TORCH_OVERLAY_CODE_CACHE=0, or its folder is not usable): each import compiles"
+            return (
+                "no code cache to fill (TORCH_OVERLAY_CODE_CACHE=0, or its folder is not usable): each import compiles"
+            )
         total = len(self.compiled) + len(self.cached)
         return (
             f"{total} patched module(s) ready in {self.folder}: {len(self.compiled)} compiled now, "

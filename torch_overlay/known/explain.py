@@ -125,26 +125,52 @@ def _fix_match(
     assert patch is not None and patch.main is not None  # a fix is made from its patch's main file
     fixed = patch.main.fields.get("Applied-Upstream", "")
     if torch is None:
-        return Match(bug, UNKNOWN_TORCH, f"fixed by {bug.id} on the torch releases it is broken on; no torch is installed here: pass --torch VERSION for your release")
+        return Match(
+            bug,
+            UNKNOWN_TORCH,
+            f"fixed by {bug.id} on the torch releases it is broken on; no torch is installed here: pass --torch VERSION for your release",
+        )
     decision = decide_by_header(patch, torch)
     if decision is not None and decision.state == PatchState.NOT_NEEDED:
-        return Match(bug, NOT_NEEDED, f"torch {torch} predates this bug ({decision.reason}): on this torch the error has another cause")
+        return Match(
+            bug,
+            NOT_NEEDED,
+            f"torch {torch} predates this bug ({decision.reason}): on this torch the error has another cause",
+        )
     if decision is not None and decision.state == PatchState.UPSTREAM:
-        return Match(bug, UPSTREAM, f"fixed upstream in torch {fixed}: torch {torch} has the fix, so on it this error has another cause (or the fix is incomplete: report it)")
+        return Match(
+            bug,
+            UPSTREAM,
+            f"fixed upstream in torch {fixed}: torch {torch} has the fix, so on it this error has another cause (or the fix is incomplete: report it)",
+        )
     if not version_in(torch, ",".join(SUPPORTED)):
-        return Match(bug, NO_VARIANT, f"the series is written for torch {' and '.join(SUPPORTED)}, not {torch}: the overlay cannot fix {bug.id} there")
+        return Match(
+            bug,
+            NO_VARIANT,
+            f"the series is written for torch {' and '.join(SUPPORTED)}, not {torch}: the overlay cannot fix {bug.id} there",
+        )
     if not fitting_variants(patch, torch):
-        return Match(bug, NO_VARIANT, f"the series has no variant of {bug.id} written for torch {torch}: the overlay cannot fix it there")
+        return Match(
+            bug,
+            NO_VARIANT,
+            f"the series has no variant of {bug.id} written for torch {torch}: the overlay cannot fix it there",
+        )
     also = f"; also fixed upstream in torch {fixed}: upgrading fixes it without the overlay" if fixed else ""
     if bug.id in job_warnings:
-        return Match(bug, NOT_ACTIVE, f"fixed by {bug.id}, but it was not active in this job ({job_warnings[bug.id]}){also}")
+        return Match(
+            bug, NOT_ACTIVE, f"fixed by {bug.id}, but it was not active in this job ({job_warnings[bug.id]}){also}"
+        )
     if installed:
         switch = _switched_off(bug.id, env)
         if switch:
             return Match(bug, NOT_ACTIVE, f"fixed by {bug.id}, but not active here: {switch}{also}")
         why = drifted(bug.id)
         if why:
-            return Match(bug, NOT_ACTIVE, f"fixed by {bug.id}, but it does not apply to the installed torch {torch} (drift: {why}): report it{also}")
+            return Match(
+                bug,
+                NOT_ACTIVE,
+                f"fixed by {bug.id}, but it does not apply to the installed torch {torch} (drift: {why}): report it{also}",
+            )
     return Match(
         bug,
         APPLIES,
@@ -170,7 +196,11 @@ def _looked_at_match(bug: KnownBug, torch: str | None) -> Match:
     entry = bug.entry
     fixed = entry.get("fixed_upstream")
     if torch and fixed and parse_version(torch) >= parse_version(fixed):
-        return Match(bug, UPSTREAM, f"fixed upstream in torch {fixed}: torch {torch} has the fix, so on it this error has another cause")
+        return Match(
+            bug,
+            UPSTREAM,
+            f"fixed upstream in torch {fixed}: torch {torch} has the fix, so on it this error has another cause",
+        )
     advice = f"known, not fixed by this series: {entry['verdict']}"
     if entry.get("workaround"):
         advice += f". Workaround: {entry['workaround']}"

@@ -56,7 +56,9 @@ def error_text(exc: BaseException) -> ErrorText:
     chain.reverse()
     lines = ["".join(traceback.format_exception_only(type(e), e)).rstrip() for e in chain]
     frames = tuple(
-        f'File "{f.filename}", line {f.lineno}, in {f.name}' for e in chain for f in traceback.extract_tb(e.__traceback__)
+        f'File "{f.filename}", line {f.lineno}, in {f.name}'
+        for e in chain
+        for f in traceback.extract_tb(e.__traceback__)
     )
     return ErrorText("\n".join(lines), tuple(type(e).__name__ for e in chain), frames)
 

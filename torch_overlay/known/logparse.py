@@ -46,9 +46,7 @@ _EXCEPTION = re.compile(rf"^([A-Za-z_][\w.]*{_CLASS_SUFFIX}|[A-Za-z_][\w]*\.[\w.
 # An exception line pasted alone, or mid-sentence: a class named like one, then ": message" (a
 # warning printed by the warnings module is not an error).
 _ERROR_SUFFIX = r"(?:Error|Exception|Interrupt|Timeout|Failure|Hit|Unsupported)"
-_BARE_EXCEPTION = re.compile(
-    rf"^([A-Za-z_][\w.]*{_ERROR_SUFFIX})(?::[ ]?(.*))?$|^((?:[a-z_]\w*\.)+[A-Z]\w*): (.*)$"
-)
+_BARE_EXCEPTION = re.compile(rf"^([A-Za-z_][\w.]*{_ERROR_SUFFIX})(?::[ ]?(.*))?$|^((?:[a-z_]\w*\.)+[A-Z]\w*): (.*)$")
 _INLINE_EXCEPTION = re.compile(rf"(?<![\w.])((?:[a-z_]\w*\.)*[A-Z]\w*{_ERROR_SUFFIX}|(?:[a-z_]\w*\.)+[A-Z]\w*): \S")
 _CPP_ERROR = re.compile(r"^\[?[EF]\d{4} [\d:.]+ +(?:\d+ )?[^\]]+\.(?:cpp|cc|h|hpp|cu):\d+\] (.*)$")
 # Where a message's continuation lines stop: another record or a torchelastic line.
@@ -95,7 +93,7 @@ def _unpasted(line: str) -> list[str]:
     elif repr_form := _REPR.match(line):
         line = f"{repr_form.group(1)}: {repr_form.group(3)}"
     stripped = line.strip()
-    if _LIST_ITEM.match(line) and (_BARE_EXCEPTION.match(_LIST_ITEM.sub("", line)) or "File \"" in line):
+    if _LIST_ITEM.match(line) and (_BARE_EXCEPTION.match(_LIST_ITEM.sub("", line)) or 'File "' in line):
         return [_LIST_ITEM.sub("", line)]
     if stripped.startswith(("File ", _TRACEBACK)) or _EXCEPTION.match(stripped):
         return [line]
@@ -182,7 +180,7 @@ def _parse_traceback(lines: list[str], i: int) -> tuple[LoggedError | None, int]
 
 def _loose_frames(lines: list[str], start: int, stop: int) -> list[str]:
     """The frame lines of ``lines[start:stop]`` (frames pasted without a Traceback header)."""
-    return [line.strip() for line in lines[start:stop] if line.strip().startswith("File \"")]
+    return [line.strip() for line in lines[start:stop] if line.strip().startswith('File "')]
 
 
 def _frames_after(lines: list[str], i: int) -> tuple[list[str], int]:
@@ -191,7 +189,7 @@ def _frames_after(lines: list[str], i: int) -> tuple[list[str], int]:
     j = i
     while j < len(lines):
         stripped = lines[j].strip()
-        if stripped.startswith("File \""):
+        if stripped.startswith('File "'):
             frames.append(stripped)
         elif stripped and not lines[j].startswith((" ", "\t")):
             break

@@ -64,12 +64,8 @@ class LocalParamViewsHandle:
             module.__dict__["forward"] = state.inner_forward
 
 
-def _resolve_grad_placements(
-    module: nn.Module, grad_placements: GradPlacements
-) -> dict[str, tuple[Placement, ...]]:
-    params = {
-        name: p for name, p in module.named_parameters() if isinstance(p, DTensor)
-    }
+def _resolve_grad_placements(module: nn.Module, grad_placements: GradPlacements) -> dict[str, tuple[Placement, ...]]:
+    params = {name: p for name, p in module.named_parameters() if isinstance(p, DTensor)}
     if not params:
         raise ValueError(f"{type(module).__name__} has no DTensor parameters")
     if grad_placements is None:
@@ -78,20 +74,13 @@ def _resolve_grad_placements(
         unknown = sorted(set(grad_placements) - set(params))
         if unknown:
             raise ValueError(f"grad_placements names no DTensor parameter: {unknown}")
-        chosen = {
-            name: tuple(grad_placements.get(name, p.placements))
-            for name, p in params.items()
-        }
+        chosen = {name: tuple(grad_placements.get(name, p.placements)) for name, p in params.items()}
     else:
         chosen = {name: tuple(grad_placements) for name in params}
     for name, placements in chosen.items():
         ndim = params[name].device_mesh.ndim
-        if len(placements) != ndim or not all(
-            isinstance(p, Placement) for p in placements
-        ):
-            raise ValueError(
-                f"grad_placements for {name!r} must be {ndim} Placement(s), got {placements}"
-            )
+        if len(placements) != ndim or not all(isinstance(p, Placement) for p in placements):
+            raise ValueError(f"grad_placements for {name!r} must be {ndim} Placement(s), got {placements}")
     return chosen
 
 
@@ -117,9 +106,7 @@ def _forward_with_local_views(self: nn.Module, *args: Any, **kwargs: Any) -> Any
                 object.__delattr__(owner, name)
 
 
-def use_local_param_views(
-    module: nn.Module, grad_placements: GradPlacements = None
-) -> LocalParamViewsHandle:
+def use_local_param_views(module: nn.Module, grad_placements: GradPlacements = None) -> LocalParamViewsHandle:
     """Make ``module`` (and its submodules) see plain local views of its DTensor parameters.
 
     Each call of ``module`` takes ``p.to_local(grad_placements=...)`` of every DTensor parameter

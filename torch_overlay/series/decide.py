@@ -69,7 +69,9 @@ def apply_variant(
 Tried = dict[tuple[object, ...], "dict[str, str] | None"]
 
 
-def _taken_off(variant: PatchFile, texts: dict[str, str], python_only: bool, tried: Tried | None) -> dict[str, str] | None:
+def _taken_off(
+    variant: PatchFile, texts: dict[str, str], python_only: bool, tried: Tried | None
+) -> dict[str, str] | None:
     """The texts of the files ``variant`` changes with its reverse diff applied, or None when it
     does not reverse-apply; raise ``PatchParseError`` for a malformed variant."""
     from .hunks import HunkMismatch
@@ -79,7 +81,9 @@ def _taken_off(variant: PatchFile, texts: dict[str, str], python_only: bool, tri
     if tried is not None and key in tried:
         return tried[key]
     try:
-        out: dict[str, str] | None = apply_variant(variant, {p: texts[p] for p in paths}, reverse=True, python_only=python_only)
+        out: dict[str, str] | None = apply_variant(
+            variant, {p: texts[p] for p in paths}, reverse=True, python_only=python_only
+        )
     except HunkMismatch:
         out = None
     if tried is not None:
@@ -94,7 +98,9 @@ def decide_by_header(patch: Patch, version: str) -> Decision | None:
         return None
     introduced = main.field("Introduced")
     if introduced and parse_version(version) < parse_version(introduced):
-        return Decision(PatchState.NOT_NEEDED, f"the bug came with torch {introduced}; torch {version} does not have it")
+        return Decision(
+            PatchState.NOT_NEEDED, f"the bug came with torch {introduced}; torch {version} does not have it"
+        )
     fixed_in = main.field("Applied-Upstream")
     # A pre-release ("2.13.0a0", a source checkout of main) may predate the fix: its files decide.
     if fixed_in and not _PRE_RELEASE.search(version) and parse_version(version) >= parse_version(fixed_in):
@@ -134,13 +140,19 @@ def decide(
             missing.update(absent)
             continue
         if _taken_off(variant, texts, python_only, tried) is not None:
-            return Decision(PatchState.UPSTREAM, f"torch {version} already has this change ({variant.name} reverse-applies)", variant)
+            return Decision(
+                PatchState.UPSTREAM,
+                f"torch {version} already has this change ({variant.name} reverse-applies)",
+                variant,
+            )
         if forward is None:
             try:
                 name = variant.name
                 if python_only and len(paths) < len(variant.paths):
                     name += " (its C++ hunks need a source build)"
-                forward = Decision(PatchState.APPLIED, name, variant, apply_variant(variant, texts, python_only=python_only))
+                forward = Decision(
+                    PatchState.APPLIED, name, variant, apply_variant(variant, texts, python_only=python_only)
+                )
             except HunkMismatch:
                 pass
     if forward is not None:

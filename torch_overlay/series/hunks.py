@@ -38,6 +38,7 @@ class FileDiff:
     def target(self) -> Target:
         return Target.from_path(self.path)
 
+
 __all__ = ["apply_file_diff", "FileDiff", "Hunk", "HunkMismatch", "parse_diff"]
 
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")

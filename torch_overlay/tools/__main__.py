@@ -129,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--check", action="store_true")
     p.add_argument("--run", type=Path, default=None, metavar="UPSTREAM_TESTS_DIR")
-    p.add_argument("--files", default="", metavar="TORCH_FILE,...", help="with --run: only the rows of these torch files")
+    p.add_argument(
+        "--files", default="", metavar="TORCH_FILE,...", help="with --run: only the rows of these torch files"
+    )
     p.add_argument("--timeout", type=float, default=3600.0, help="with --run: seconds per pytest run (default 3600)")
     _add_patches(p)
 

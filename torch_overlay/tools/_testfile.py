@@ -118,8 +118,7 @@ def _resolve_one(text: str, gates: dict[str, str], torch_version: str | None) ->
             value = _fold(node.test, gates, torch_version)
             if value is None:
                 raise BuildError(
-                    f"line {node.lineno}: a version gate must decide its `if` alone "
-                    "(as an operand of and/or/not)"
+                    f"line {node.lineno}: a version gate must decide its `if` alone (as an operand of and/or/not)"
                 )
             if lines[node.lineno - 1].lstrip().startswith("elif"):
                 raise BuildError(f"line {node.lineno}: a version gate cannot be an elif")
@@ -129,7 +128,8 @@ def _resolve_one(text: str, gates: dict[str, str], torch_version: str | None) ->
                 new = _block(lines, header_end + 1, node.body[-1].end_lineno or 0, indent)
             elif node.orelse:
                 else_line = next(
-                    n for n in range(node.orelse[0].lineno - 1, node.body[-1].end_lineno or 0, -1)
+                    n
+                    for n in range(node.orelse[0].lineno - 1, node.body[-1].end_lineno or 0, -1)
                     if lines[n - 1].lstrip().startswith(("else", "elif"))
                 )
                 if lines[else_line - 1].lstrip().startswith("elif"):
@@ -266,9 +266,7 @@ def select_classes(text: str, classes: Sequence[str]) -> str:
         for s in stmts:
             if s in kept:
                 continue
-            if (defines[id(s)] & needed and id(s) not in sinks) or (
-                id(s) in sinks and uses[id(s)] & local & needed
-            ):
+            if (defines[id(s)] & needed and id(s) not in sinks) or (id(s) in sinks and uses[id(s)] & local & needed):
                 kept.append(s)
                 needed |= uses[id(s)]
                 changed = True

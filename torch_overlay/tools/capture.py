@@ -128,9 +128,7 @@ def headline(text: str) -> str:
     return re.sub(r"0x[0-9a-f]+|\d+", "#", " ".join(first.split()))
 
 
-def capture(
-    patches: list[Patch], repo: Path, version: str, *, timeout: float = 1800.0
-) -> dict[str, dict[str, object]]:
+def capture(patches: list[Patch], repo: Path, version: str, *, timeout: float = 1800.0) -> dict[str, dict[str, object]]:
     """Run the reproducers of ``patches`` without the overlay; id -> ``{"test", "outcome", "text"}``
     with outcome ``error`` (torch raised), ``silent`` (the test's comparison failed), ``peer`` (a
     multi-process test whose reported rank only lost its peer: the rank that raised is not in the
@@ -175,7 +173,9 @@ def merge_captured(path: Path, version: str, captured: dict[str, dict[str, objec
     """Write ``captured`` into the stored file ``path`` for torch ``version``: the fixes in ``ran``
     get their new entry (or none, when their reproducer passed), the others keep theirs."""
     old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    fixes = {k: v for k, v in old.get("fixes", {}).items() if k not in ran or captured.get(k, {}).get("outcome") == "timeout"}
+    fixes = {
+        k: v for k, v in old.get("fixes", {}).items() if k not in ran or captured.get(k, {}).get("outcome") == "timeout"
+    }
     fixes.update({k: v for k, v in captured.items() if v["outcome"] not in ("passes", "timeout")})
     data = {
         "torch": version,
@@ -206,7 +206,10 @@ def run_capture(patches_dir: Path, out: Path | None, ids: set[str]) -> int:
     captured = capture(chosen, repo, version)
     out = out or patches_dir / "captured" / f"{release_of(version)}.json"
     merge_captured(out, version, captured, ids or {p.id for p in patches})
-    counts = {word: sum(1 for c in captured.values() if c["outcome"] == word) for word in ("error", "silent", "passes", "timeout")}
+    counts = {
+        word: sum(1 for c in captured.values() if c["outcome"] == word)
+        for word in ("error", "silent", "passes", "timeout")
+    }
     print(
         f"wrote {out}: torch {version}, {len(captured)} reproducers: {counts['error']} raise, "
         f"{counts['silent']} silent (a wrong value), {counts['passes']} pass without the overlay"

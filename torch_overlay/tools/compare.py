@@ -216,10 +216,14 @@ def _write_json(
     result = {
         "without": counts["without"],
         "with": counts["with"],
-        "differences": [{"test": d.test, "without": d.without, "with": d.with_, "regression": d.regression} for d in diffs],
+        "differences": [
+            {"test": d.test, "without": d.without, "with": d.with_, "regression": d.regression} for d in diffs
+        ],
         "time_ratio": round(sum(t_with.values()) / total, 3) if total > 0 else None,
         "slowdowns": [{"test": s.test, "without": s.without, "with": s.with_} for s in slow],
-        "reach": None if reach is None else {f: r["tests"] for f, r in reach["fixes"].items() if r["calls"] is not None},
+        "reach": None
+        if reach is None
+        else {f: r["tests"] for f, r in reach["fixes"].items() if r["calls"] is not None},
     }
     path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 

@@ -74,7 +74,9 @@ def check_record(record: dict, patches: list[Patch]) -> list[str]:
     problems = []
     changed = changed_files(patches)
     rows = {row["torch"]: row for row in record["file"]}
-    problems += [f"{f}: changed by {', '.join(ids)}, but has no [[file]] row" for f, ids in changed.items() if f not in rows]
+    problems += [
+        f"{f}: changed by {', '.join(ids)}, but has no [[file]] row" for f, ids in changed.items() if f not in rows
+    ]
     problems += [f"{f}: a [[file]] row, but no patch changes it" for f in rows if f not in changed]
     listed = set()
     for f, row in rows.items():
@@ -146,8 +148,12 @@ def render(record: dict, patches: list[Patch]) -> str:
     ]
     for run in sorted(record["run"], key=lambda r: (r["upstream"], parse_version(r["torch"]))):
         diffs = run.get("differences", [])
-        changed_text = "none" if not diffs else "; ".join(
-            f"{d['test']}: {d['without']} -> {d['with']} ({_cell(d.get('why', 'not explained'))})" for d in diffs
+        changed_text = (
+            "none"
+            if not diffs
+            else "; ".join(
+                f"{d['test']}: {d['without']} -> {d['with']} ({_cell(d.get('why', 'not explained'))})" for d in diffs
+            )
         )
         reach = run.get("reach", {})
         reach_text = ", ".join(f"`{k}` {v}" for k, v in sorted(reach.items(), key=lambda kv: -kv[1]) if v) or "none"
@@ -177,7 +183,10 @@ def run_check(root: Path, patches_dir: Path, *, write: bool) -> int:
     current = (root / PAGE).read_text(encoding="utf-8") if (root / PAGE).is_file() else None
     if current != page:
         if not write:
-            print(f"{root / PAGE}: differs from the record; run `python -m torch_overlay.tools conformance`", file=sys.stderr)
+            print(
+                f"{root / PAGE}: differs from the record; run `python -m torch_overlay.tools conformance`",
+                file=sys.stderr,
+            )
             return 1
         (root / PAGE).write_text(page, encoding="utf-8")
         print(f"{root / PAGE}: written")
@@ -252,7 +261,9 @@ def _compare(root: Path, release: str, test: Path, select: str, timeout: float) 
     print(f"== conformance: {test.name} on torch {release}", file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, env=env, text=True)
     if not out.is_file():
-        print(f"conformance: {test.name} on {release}: compare wrote no result (exit {proc.returncode})", file=sys.stderr)
+        print(
+            f"conformance: {test.name} on {release}: compare wrote no result (exit {proc.returncode})", file=sys.stderr
+        )
         return None
     data = json.loads(out.read_text(encoding="utf-8"))
     out.unlink()

@@ -125,7 +125,9 @@ def run_matrix(reports: list[Path], patches: list[Patch], out: Path) -> int:
         for line in contradictions(patch, version, cells[patch.id])
     ]
     out.write_text(render(patches, columns))
-    print(f"wrote {out}: {len(patches)} fixes on torch {', '.join(_release(v) for v in sorted(columns, key=parse_version))}")
+    print(
+        f"wrote {out}: {len(patches)} fixes on torch {', '.join(_release(v) for v in sorted(columns, key=parse_version))}"
+    )
     for line in problems:
         print(f"contradiction: {line}")
     return 1 if problems else 0

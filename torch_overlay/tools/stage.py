@@ -71,9 +71,7 @@ def pr_body(staged: StagedPatch) -> str:
     """The PR description: the commit message laid out in Markdown."""
     title, _, rest = staged.message.partition("\n\n")
     summary = rest.rsplit("Test Plan:", 1)[0].strip()
-    return (
-        f"# {title.strip()}\n\n## Summary\n\n{summary}\n\n## Test plan\n\n```\n{staged.test_command}\n```\n"
-    )
+    return f"# {title.strip()}\n\n## Summary\n\n{summary}\n\n## Test plan\n\n```\n{staged.test_command}\n```\n"
 
 
 def _prepare(checkout: Checkout, steps: list[Step], repo: Path) -> list[StagedPatch]:
@@ -118,9 +116,7 @@ def _prepare(checkout: Checkout, steps: list[Step], repo: Path) -> list[StagedPa
             commands.append(add_test(step.patch.id, guard, guard_upstream, guard_class))
             guard_tests[guard_upstream] = tests[guard_upstream]
         command = "\n".join(commands)
-        out.append(
-            StagedPatch(step, upstream, tests[upstream], command, commit_message(step, command), guard_tests)
-        )
+        out.append(StagedPatch(step, upstream, tests[upstream], command, commit_message(step, command), guard_tests))
     return out
 
 
@@ -131,9 +127,7 @@ def _commit_all(checkout: Checkout, plan_before: dict[str, str], staged: list[St
         variant = item.step.variant
         assert variant is not None
         texts = apply_variant(variant, texts)
-        checkout.write(
-            {**{p: texts[p] for p in item.step.paths}, item.test_path: item.test_text, **item.guard_tests}
-        )
+        checkout.write({**{p: texts[p] for p in item.step.paths}, item.test_path: item.test_text, **item.guard_tests})
         checkout.git("add", "--", *item.step.paths, item.test_path, *item.guard_tests)
         name, email = _author(variant)
         # With no git identity (CI), commit as the patch's author; otherwise as the user, whose

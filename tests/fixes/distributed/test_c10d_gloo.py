@@ -29,9 +29,7 @@ class TestC10DGroupNameSalt(MultiProcessTestCase):
 
     def _init_gloo(self) -> None:
         store = c10d.FileStore(self.file_name, self.world_size)
-        c10d.init_process_group(
-            "gloo", store=store, rank=self.rank, world_size=self.world_size
-        )
+        c10d.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
 
     def _check_group(self, group) -> str:
         name = _get_process_group_name(group)
@@ -50,14 +48,10 @@ class TestC10DGroupNameSalt(MultiProcessTestCase):
         # use_local_synchronization=True allows
         if self.rank == 0:
             c10d.new_group([0], use_local_synchronization=True)
-        group = c10d.new_group(
-            [0, 1], use_local_synchronization=True, timeout=_GROUP_TIMEOUT
-        )
+        group = c10d.new_group([0, 1], use_local_synchronization=True, timeout=_GROUP_TIMEOUT)
         name = self._check_group(group)
         # A second group of the same ranks gets a name of its own
-        other = c10d.new_group(
-            [0, 1], use_local_synchronization=True, timeout=_GROUP_TIMEOUT
-        )
+        other = c10d.new_group([0, 1], use_local_synchronization=True, timeout=_GROUP_TIMEOUT)
         self.assertNotEqual(self._check_group(other), name)
         c10d.destroy_process_group(other)
         c10d.destroy_process_group(group)
@@ -68,9 +62,7 @@ class TestC10DGroupNameSalt(MultiProcessTestCase):
         self._init_gloo()
         # Only rank 0 is a member (and registers it)
         c10d.new_group([0])
-        group = c10d.new_group(
-            [0, 1], use_local_synchronization=True, timeout=_GROUP_TIMEOUT
-        )
+        group = c10d.new_group([0, 1], use_local_synchronization=True, timeout=_GROUP_TIMEOUT)
         self._check_group(group)
         c10d.destroy_process_group(group)
         c10d.destroy_process_group()

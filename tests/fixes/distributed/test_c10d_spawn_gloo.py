@@ -23,9 +23,7 @@ class TestDistNnBroadcastSubgroupGrad(MultiProcessTestCase):
     @requires_gloo()
     def test_broadcast_subgroup_source_grad(self) -> None:
         store = c10d.FileStore(self.file_name, self.world_size)
-        c10d.init_process_group(
-            "gloo", store=store, rank=self.rank, world_size=self.world_size
-        )
+        c10d.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
         # Global rank 1 is rank 0 of this subgroup: the source's global rank
         # and its rank within the group differ
         subgroup = c10d.new_group([1])

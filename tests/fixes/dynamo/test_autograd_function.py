@@ -75,9 +75,7 @@ def _two_outputs(x):
 
 class TestDynamoAutogradFunctionInplaceOutput(torch._dynamo.test_case.TestCase):
     def _check_grads(self, fn, inputs, backend):
-        expected_inputs = [
-            t.detach().clone().requires_grad_(t.requires_grad) for t in inputs
-        ]
+        expected_inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
         expected = fn(*expected_inputs)
         expected.sum().backward()
 
@@ -99,7 +97,6 @@ class TestDynamoAutogradFunctionInplaceOutput(torch._dynamo.test_case.TestCase):
         x = torch.randn(3, 5, requires_grad=True)
         self._check_grads(_two_outputs, [x], backend)
 
-
     def test_in_place_on_returned_tensor_captured_raises(self):
         # The captured alias is not a subgraph output, so the outer graph cannot
         # replay the append: compiling must fail with a clear error rather than
@@ -114,9 +111,7 @@ class TestDynamoAutogradFunctionInplaceOutput(torch._dynamo.test_case.TestCase):
         x = torch.randn(4, requires_grad=True)
         w = torch.randn(4, requires_grad=True)
         self.addCleanup(_captured.clear)
-        with self.assertRaisesRegex(
-            RuntimeError, "aliases an input or output.*clone the tensor"
-        ):
+        with self.assertRaisesRegex(RuntimeError, "aliases an input or output.*clone the tensor"):
             torch.compile(fn, backend="aot_eager", fullgraph=True)(x, w)
 
 

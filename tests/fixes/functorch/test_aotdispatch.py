@@ -17,9 +17,7 @@ from torch.testing._internal.two_tensor import TwoTensor
 from tests.fixes._torch_gates import for_torch
 
 
-def _graphs(
-    fn: Callable[..., Any], inputs: Sequence[Any], *, dynamic: bool
-) -> tuple[str, str | None]:
+def _graphs(fn: Callable[..., Any], inputs: Sequence[Any], *, dynamic: bool) -> tuple[str, str | None]:
     fw_graphs: list[str] = []
     bw_graphs: list[str] = []
 

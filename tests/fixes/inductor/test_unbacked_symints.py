@@ -42,9 +42,7 @@ def experts_for_loop(w1, w2, w3, x, num_tokens_per_expert, pad=True):
         outs.append(h @ w2[i].transpose(-2, -1))
     out = torch.cat(outs, dim=0)
     if pad:
-        out = torch.vstack(
-            (out, out.new_zeros((x.shape[0] - num_tokens, out.shape[-1])))
-        )
+        out = torch.vstack((out, out.new_zeros((x.shape[0] - num_tokens, out.shape[-1]))))
     return out
 
 
@@ -108,9 +106,7 @@ class MoESplitTestCase(InductorTestCase):
         scores = torch.rand(num_rows, device=device)
         return counts, x, scores
 
-    def _check_fwd_bwd(
-        self, fn, compiled, weights, counts, x, scores, mark=None, mark_scores=True
-    ):
+    def _check_fwd_bwd(self, fn, compiled, weights, counts, x, scores, mark=None, mark_scores=True):
         args = [*weights, x, counts, scores]
         ref = fn(*args)
         ref_grads = torch.autograd.grad(ref.sum(), [*weights, x])
@@ -188,9 +184,7 @@ class TestInductorUnbackedSplitSlice(MoESplitTestCase):
         compiled = torch.compile(fn, backend="inductor", fullgraph=True)
         weights = [w.detach() for w in self._weights(device)]
         counts, x, scores = self._inputs(device, [3, 0, 5, 4], 16)
-        self.assertEqual(
-            compiled(*weights, x, counts, scores), fn(*weights, x, counts, scores)
-        )
+        self.assertEqual(compiled(*weights, x, counts, scores), fn(*weights, x, counts, scores))
         bad, _, _ = self._inputs(device, [3, 9, 5, 4], 16)
         with self.assertRaisesRegex(RuntimeError, "split_with_sizes"):
             fn(*weights, x, bad, scores)
@@ -222,9 +216,7 @@ class TestInductorUnbackedSplitItem(InductorTestCase):
 
     @dynamo_config.patch(capture_scalar_outputs=True)
     def test_item_slice_then_split(self, device):
-        cnt = self._check(
-            device, [([3, 0, 5, 4], 20), ([6, 6, 0, 0], 20)], backward=False
-        )
+        cnt = self._check(device, [([3, 0, 5, 4], 20), ([6, 6, 0, 0], 20)], backward=False)
         self.assertEqual(cnt.frame_count, 1)
 
     @dynamo_config.patch(capture_scalar_outputs=True)
@@ -268,7 +260,6 @@ class TestInductorUnbackedSplitItem(InductorTestCase):
             with self.assertRaisesRegex(RuntimeError, SUM_OF_SPLIT_SIZES):
                 compiled(x, counts, num_tokens, w)
 
-
     # The expert output padded back to the routed rows: the backward's tangent is
     # sized over the item(), which the backward must bind too.
     def _check_padded(self, device, cases, mark=None):
@@ -303,6 +294,7 @@ class TestInductorUnbackedSplitItem(InductorTestCase):
             mark=torch._dynamo.mark_dynamic,
         )
         self.assertEqual(cnt.frame_count, 1)
+
 
 class TestInductorUnbackedSplitRebind(MoESplitTestCase):
     def _check(self, device, mark_dynamic):
@@ -367,9 +359,7 @@ class TestInductorUnbackedSplitRebind(MoESplitTestCase):
             # At least two rows, so x's dynamic length is never specialized to 0 or 1.
             num_rows = max(sum(counts) + num_padding, 2)
             counts, x, scores = self._inputs(device, counts, num_rows)
-            self._check_fwd_bwd(
-                fn, compiled, weights, counts, x, scores, torch._dynamo.mark_dynamic
-            )
+            self._check_fwd_bwd(fn, compiled, weights, counts, x, scores, torch._dynamo.mark_dynamic)
 
         check()
         self.assertEqual(cnt.frame_count, 1)
@@ -380,9 +370,7 @@ class TestInductorUnbackedSplitScatter(InductorTestCase):
     def test_item_slice_backward(self, device):
         torch.manual_seed(0)
         w = torch.randn(4, 8, 8, device=device, requires_grad=True)
-        compiled = torch.compile(
-            split_routed_tokens, backend="inductor", fullgraph=True
-        )
+        compiled = torch.compile(split_routed_tokens, backend="inductor", fullgraph=True)
         for counts in ([3, 0, 5, 4], [0, 9, 2, 1]):
             counts = torch.tensor(counts, device=device)
             x = torch.randn(20, 8, device=device, requires_grad=True)
@@ -430,8 +418,7 @@ def compile_moe_unbacked_tokens_and_scores() -> None:
     torch.manual_seed(0)
     num_experts, dim, hidden = 4, 8, 16
     weights = [
-        torch.randn(num_experts, *shape, requires_grad=True)
-        for shape in ((hidden, dim), (dim, hidden), (hidden, dim))
+        torch.randn(num_experts, *shape, requires_grad=True) for shape in ((hidden, dim), (dim, hidden), (hidden, dim))
     ]
     counts = torch.tensor([3, 2, 7, 4])
     x = torch.randn(16, dim, requires_grad=True)
@@ -461,9 +448,7 @@ class TestSizeHintUnbackedSubstitutionCycle(InductorTestCase):
         name = case.__name__
         env = dict(
             os.environ,
-            PYTHONPATH=os.pathsep.join(
-                filter(None, [test_dir, os.environ.get("PYTHONPATH")])
-            ),
+            PYTHONPATH=os.pathsep.join(filter(None, [test_dir, os.environ.get("PYTHONPATH")])),
             # A cached graph would skip the partitioner.
             TORCHINDUCTOR_FX_GRAPH_CACHE="0",
             TORCHINDUCTOR_AUTOGRAD_CACHE="0",

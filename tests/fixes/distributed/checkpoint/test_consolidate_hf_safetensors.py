@@ -53,9 +53,7 @@ class TestDcpConsolidateIntTensors(TestCase):
         os.makedirs(output_dir)
         dist_cp.save(
             state_dict=self._state_dict(),
-            storage_writer=dist_cp.HuggingFaceStorageWriter(
-                path=sharded_dir, save_distributed=True
-            ),
+            storage_writer=dist_cp.HuggingFaceStorageWriter(path=sharded_dir, save_distributed=True),
         )
 
         consolidate_safetensors_files(

@@ -112,9 +112,7 @@ class TestDsdInitOptimStateGradDtype(TestCase):
             optim.step()
 
         model, optim = _adam_model_and_optim(device, optim_name, impl, torch.bfloat16)
-        with self.assertRaisesRegex(
-            RuntimeError, re.escape(str(training_error.exception))
-        ):
+        with self.assertRaisesRegex(RuntimeError, re.escape(str(training_error.exception))):
             get_optimizer_state_dict(model, optim)
 
 
@@ -123,9 +121,7 @@ class TestDsdInitOptimStateGradDtypeGuard(TestCase):
     dtype, or ``None`` (any dtype): a checkpoint taken in training resumes it bit for
     bit through DCP and set_optimizer_state_dict."""
 
-    def _train_step(
-        self, model: nn.Module, optim: torch.optim.Optimizer, seed: int
-    ) -> None:
+    def _train_step(self, model: nn.Module, optim: torch.optim.Optimizer, seed: int) -> None:
         torch.manual_seed(seed)
         model(torch.randn(2, 4, device=model.weight.device)).sum().backward()
         optim.step()
@@ -135,9 +131,7 @@ class TestDsdInitOptimStateGradDtypeGuard(TestCase):
     @parametrize("impl", list(_ADAM_IMPLS))
     @parametrize("grad_dtype", [torch.float32, None])
     @with_temp_dir
-    def test_adam_resumes_from_dcp_checkpoint(
-        self, device, optim_name, impl, grad_dtype
-    ):
+    def test_adam_resumes_from_dcp_checkpoint(self, device, optim_name, impl, grad_dtype):
         model, optim = _adam_model_and_optim(device, optim_name, impl, grad_dtype)
         for seed in range(2):
             self._train_step(model, optim, seed)
@@ -149,9 +143,7 @@ class TestDsdInitOptimStateGradDtypeGuard(TestCase):
             checkpoint_id=self.temp_dir,
         )
 
-        new_model, new_optim = _adam_model_and_optim(
-            device, optim_name, impl, grad_dtype
-        )
+        new_model, new_optim = _adam_model_and_optim(device, optim_name, impl, grad_dtype)
         state_dict = {
             "model": get_model_state_dict(new_model),
             "optim": get_optimizer_state_dict(new_model, new_optim),
@@ -205,9 +197,7 @@ class TestDsdOptimStateParamsWithoutGrad(TestCase):
 
         osd = get_optimizer_state_dict(model, optim)
 
-        self.assertEqual(
-            set(osd["state"]), {"proj.weight", "proj.bias", "gate.weight", "gate.bias"}
-        )
+        self.assertEqual(set(osd["state"]), {"proj.weight", "proj.bias", "gate.weight", "gate.bias"})
         # The state the optimizer built in training is left as it is.
         self.assertEqual(osd["state"]["proj.weight"], trained_state[0])
         self.assertEqual(osd["state"]["proj.bias"], trained_state[1])

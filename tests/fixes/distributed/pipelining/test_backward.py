@@ -48,9 +48,7 @@ class TestPipeliningBackwardNonTensorInputs(TestCase):
         ref_mod = copy.deepcopy(mod)
         mask = _Mask(0.5)
         out = mod(x, mask)
-        dinputs, param_groups = stage_backward_input(
-            [out], [torch.ones_like(out)], input_values, mod.parameters()
-        )
+        dinputs, param_groups = stage_backward_input([out], [torch.ones_like(out)], input_values, mod.parameters())
         stage_backward_weight(mod.parameters(), param_groups)
 
         ref_x = x.detach().clone().requires_grad_(True)
@@ -90,9 +88,7 @@ class TestPipeliningBackwardNonTensorInputs(TestCase):
         full = stage_backward([out], [torch.ones_like(out)], input_values)
         x.grad = None
         out = mod(x, input_values[1])
-        split, _ = stage_backward_input(
-            [out], [torch.ones_like(out)], input_values, mod.parameters()
-        )
+        split, _ = stage_backward_input([out], [torch.ones_like(out)], input_values, mod.parameters())
         self.assertEqual(len(split), len(full))
         self.assertEqual(split[0], full[0])
         self.assertIsNone(split[1])
@@ -113,19 +109,12 @@ class TestPipeliningBackwardNonTensorInputsSchedule(DTensorTestBase):
         stage_mods = [_MaskedStage(8) for _ in range(num_stages)]
         ref_mods = copy.deepcopy(stage_mods)
         stage_indices = [self.rank + i * self.world_size for i in range(2)]
-        stages = [
-            PipelineStage(
-                stage_mods[i], i, num_stages, torch.device(self.device_type)
-            )
-            for i in stage_indices
-        ]
+        stages = [PipelineStage(stage_mods[i], i, num_stages, torch.device(self.device_type)) for i in stage_indices]
 
         def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             return ((out - target) ** 2).sum()
 
-        schedule = ScheduleInterleavedZeroBubble(
-            stages, n_microbatches=n_microbatches, loss_fn=loss_fn
-        )
+        schedule = ScheduleInterleavedZeroBubble(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
         x = torch.randn(8, 8, device=self.device_type)
         target = torch.randn(8, 8, device=self.device_type)
         mask = _Mask(0.5)
@@ -143,9 +132,7 @@ class TestPipeliningBackwardNonTensorInputsSchedule(DTensorTestBase):
         # The schedule scales the gradients by the number of microbatches
         (ref_loss / n_microbatches).backward()
         for i in stage_indices:
-            for param, ref_param in zip(
-                stage_mods[i].parameters(), ref_mods[i].parameters()
-            ):
+            for param, ref_param in zip(stage_mods[i].parameters(), ref_mods[i].parameters()):
                 self.assertEqual(param.grad, ref_param.grad)
 
 

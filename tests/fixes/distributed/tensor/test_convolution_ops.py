@@ -35,11 +35,7 @@ class TestDtensorConvDepthwiseChannelShard(DTensorTestBase):
         # and the bias, are sharded alike: each rank convolves its channels
         dx = distribute_tensor(x.detach(), mesh, [Shard(1)]).requires_grad_()
         dw = distribute_tensor(w.detach(), mesh, [Shard(0)]).requires_grad_()
-        db = (
-            distribute_tensor(b.detach(), mesh, [Shard(0)]).requires_grad_()
-            if bias
-            else None
-        )
+        db = distribute_tensor(b.detach(), mesh, [Shard(0)]).requires_grad_() if bias else None
         d_grad_out = distribute_tensor(grad_out, mesh, [Shard(1)])
         comm_mode = CommDebugMode()
         with comm_mode:
@@ -116,9 +112,7 @@ class TestDtensorConvBackwardWidthShard(DTensorTestBase):
         self._check_last_dim_shard((2, 3, 12), (3,))
 
 
-TestDtensorConvBackwardWidthShardWithLocalTensor = create_local_tensor_test_class(
-    TestDtensorConvBackwardWidthShard
-)
+TestDtensorConvBackwardWidthShardWithLocalTensor = create_local_tensor_test_class(TestDtensorConvBackwardWidthShard)
 
 
 if __name__ == "__main__":

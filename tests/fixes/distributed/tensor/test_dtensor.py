@@ -158,9 +158,7 @@ class TestDtensorDataSetterProperty(LocalDTensorTestBase):
             old_full = torch.arange(64.0, device=self.device_type).reshape(8, 8)
             new_full = -old_full.t().contiguous()
             with self._get_local_tensor_mode():
-                p = nn.Parameter(
-                    distribute_tensor(old_full.to(old_dtype), mesh, old_placements)
-                )
+                p = nn.Parameter(distribute_tensor(old_full.to(old_dtype), mesh, old_placements))
                 new = distribute_tensor(new_full.to(new_dtype), mesh, new_placements)
                 p.data = new
                 local_shape = new.to_local().shape

@@ -120,9 +120,7 @@ def _compile_caches_on(strict: bool) -> Iterator[None]:
     failure to save to the AOTAutograd cache raise."""
     with (
         fresh_cache(),
-        torch._functorch.config.patch(
-            enable_autograd_cache=True, strict_autograd_cache=strict
-        ),
+        torch._functorch.config.patch(enable_autograd_cache=True, strict_autograd_cache=strict),
         torch._inductor.config.patch(fx_graph_cache=True, fx_graph_remote_cache=False),
     ):
         yield
@@ -137,18 +135,14 @@ class SubclassOutputTestCase(torch._dynamo.test_case.TestCase):
 
     def setUp(self) -> None:
         super().setUp()
-        dist.init_process_group(
-            "fake", store=FakeStore(), rank=0, world_size=WORLD_SIZE
-        )
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD_SIZE)
         self.mesh = DeviceMesh(self.device_type, list(range(WORLD_SIZE)))
 
     def tearDown(self) -> None:
         dist.destroy_process_group()
         super().tearDown()
 
-    def dtensor(
-        self, local: torch.Tensor, placements: Sequence[Any], requires_grad: bool = True
-    ) -> DTensor:
+    def dtensor(self, local: torch.Tensor, placements: Sequence[Any], requires_grad: bool = True) -> DTensor:
         out = DTensor.from_local(local, self.mesh, placements, run_check=False)
         return out.detach().requires_grad_(requires_grad)
 
@@ -175,18 +169,13 @@ class SubclassOutputTestCase(torch._dynamo.test_case.TestCase):
         """
         eager_inps = list(make_inputs())
         compiled_inps = [
-            x.detach().clone().requires_grad_(x.requires_grad)
-            if isinstance(x, torch.Tensor)
-            else x
-            for x in eager_inps
+            x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in eager_inps
         ]
         for i, d in mark_dynamic:
             torch._dynamo.mark_dynamic(compiled_inps[i], d)
 
         eager_outs, _ = tree_flatten(fn(*eager_inps))
-        compiled_fn = torch.compile(
-            fn, backend=backend, fullgraph=True, dynamic=dynamic
-        )
+        compiled_fn = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)
         compiled_outs, _ = tree_flatten(compiled_fn(*compiled_inps))
 
         self.assertEqual(len(compiled_outs), len(eager_outs))
@@ -213,9 +202,7 @@ class SubclassOutputTestCase(torch._dynamo.test_case.TestCase):
 
             c_base = _base_index(c, compiled_outs, compiled_inps)
             e_base = _base_index(e, eager_outs, eager_inps)
-            if c_base is not None or (
-                strict_views and e_base is not None and e_base != "hidden"
-            ):
+            if c_base is not None or (strict_views and e_base is not None and e_base != "hidden"):
                 self.assertEqual(c_base, e_base, msg=f"{msg}: view base")
             if c_base is not None and c_base != "hidden":
                 # A regenerated view shares its base's (local) storage exactly
@@ -290,6 +277,7 @@ SYMBOLIC_VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "broadcast_to": lambda t: torch.broadcast_to(t, (3, *t.shape)),
     "reshape": lambda t: t.reshape(t.shape[0] // 2, -1),
 }
+
 
 class _TopKMixer(torch.autograd.Function):
     # A router whose backward uses scatter_add_ on plain tensors (like PhiMoE's
@@ -480,10 +468,7 @@ class TestAotSubclassOutputsIntermediateBases(SubclassOutputTestCase):
                 parts = (h.narrow(0, 0, 3), h.narrow(1, 1, 2))
             else:
                 parts = (h.t(), h)
-            return tuple(
-                DTensor.from_local(p, self.mesh, [Replicate()], run_check=False)
-                for p in parts
-            )
+            return tuple(DTensor.from_local(p, self.mesh, [Replicate()], run_check=False) for p in parts)
 
         self.check_same_as_eager(fn, lambda: [torch.randn(6, 4, requires_grad=True)])
 
@@ -495,9 +480,7 @@ class TestAotSubclassOutputsIntermediateBases(SubclassOutputTestCase):
             b = DTensor.from_local(h[2:], self.mesh, [Shard(0)], run_check=False)
             return a * 3, b
 
-        self.check_same_as_eager(
-            fn, lambda: [self.dtensor(torch.randn(4, 3), [Shard(0)])]
-        )
+        self.check_same_as_eager(fn, lambda: [self.dtensor(torch.randn(4, 3), [Shard(0)])])
 
     def test_mixed_plain_and_dtensor_outputs(self):
         def fn(x, w):
@@ -537,9 +520,7 @@ class TestAotSubclassOutputsIntermediateBases(SubclassOutputTestCase):
                 DTensor.from_local(h[2:], self.mesh, [Replicate()], run_check=False),
             )
 
-        self.check_same_as_eager(
-            fn, lambda: [self.dtensor(torch.randn(4, 2), [Replicate()])]
-        )
+        self.check_same_as_eager(fn, lambda: [self.dtensor(torch.randn(4, 2), [Replicate()])])
 
     def test_from_local_slices_inductor(self):
         def fn(x):
@@ -549,15 +530,11 @@ class TestAotSubclassOutputsIntermediateBases(SubclassOutputTestCase):
                 DTensor.from_local(h[3:], self.mesh, [Replicate()], run_check=False),
             )
 
-        self.check_same_as_eager(
-            fn, lambda: [torch.randn(6, 4, requires_grad=True)], backend="inductor"
-        )
+        self.check_same_as_eager(fn, lambda: [torch.randn(6, 4, requires_grad=True)], backend="inductor")
 
     def test_aliased_outputs_one_detached_inductor(self):
         def fn(x):
-            out_dt = DTensor.from_local(
-                x.to_local().sin(), self.mesh, [Shard(0)], run_check=False
-            )
+            out_dt = DTensor.from_local(x.to_local().sin(), self.mesh, [Shard(0)], run_check=False)
             return out_dt.detach(), out_dt
 
         self.check_same_as_eager(
@@ -648,9 +625,7 @@ class TestAotSubclassOutputsSymintSlots(SubclassOutputTestCase):
 
     def test_backward_specializes_output_size_inductor(self):
         def fn(x):
-            return DTensor.from_local(
-                scale(x).sin(), self.mesh, [Shard(0)], run_check=False
-            )
+            return DTensor.from_local(scale(x).sin(), self.mesh, [Shard(0)], run_check=False)
 
         self.check_same_as_eager(
             fn,
@@ -910,9 +885,7 @@ class TestAotSubclassOutputsViewReplay(SubclassOutputTestCase):
             y = x.sin()
             return y, y[:, :1], x.t()
 
-        self.check_cache_round_trip(
-            fn, lambda: [self.dtensor(torch.randn(4, 6), [PLACEMENTS[placement]])]
-        )
+        self.check_cache_round_trip(fn, lambda: [self.dtensor(torch.randn(4, 6), [PLACEMENTS[placement]])])
 
     def test_cache_output_aliases_one_of_several_inputs(self):
         def fn(x, w):
@@ -946,10 +919,7 @@ class TestAotSubclassOutputsViewReplay(SubclassOutputTestCase):
             return a.t(), (a * b).sin()
 
         def make():
-            return [
-                TwoTensor(torch.randn(4, 3), torch.randn(4, 3)).requires_grad_()
-                for _ in range(2)
-            ]
+            return [TwoTensor(torch.randn(4, 3), torch.randn(4, 3)).requires_grad_() for _ in range(2)]
 
         self.check_cache_round_trip(fn, make, self.check_two_tensor_same_as_eager)
 
@@ -958,9 +928,7 @@ class TestAotSubclassOutputsViewReplay(SubclassOutputTestCase):
         def fn(a, b):
             return a.t(), (a * b).sin(), b[1:]
 
-        self.check_cache_round_trip(
-            fn, lambda: [torch.randn(4, 3, requires_grad=True) for _ in range(2)]
-        )
+        self.check_cache_round_trip(fn, lambda: [torch.randn(4, 3, requires_grad=True) for _ in range(2)])
 
     def test_cache_two_ranks_repeated(self):
         for run, dynamic in enumerate([False, True, False]):
@@ -1004,9 +972,7 @@ class TestAotSubclassOutputsAliasIntermediate(SubclassOutputTestCase):
             y = x * 2 + 1
             return y[:, :3], y[:, 3:]
 
-        outs = self.check_same_as_eager(
-            fn, lambda: self._x("replicate"), backend=backend, dynamic=dynamic
-        )
+        outs = self.check_same_as_eager(fn, lambda: self._x("replicate"), backend=backend, dynamic=dynamic)
         # Views of one base, as in eager
         self.assertIs(outs[0]._base, outs[1]._base)
         self.assertEqual(type(outs[0].grad_fn).__name__, "SliceBackward0")
@@ -1063,9 +1029,7 @@ class TestAotSubclassOutputsAliasIntermediate(SubclassOutputTestCase):
         self.check_cache_round_trip(fn, lambda: self._x("shard0"))
 
 
-def _parallelize_up_down(
-    model: nn.Module, mesh: DeviceMesh, backend: str | None
-) -> torch.optim.Optimizer:
+def _parallelize_up_down(model: nn.Module, mesh: DeviceMesh, backend: str | None) -> torch.optim.Optimizer:
     """Colwise ``model.up``, Rowwise ``model.down``, both with DTensor outputs;
     compiled with ``backend`` unless it is None. Returns an SGD optimizer."""
     plan = {
@@ -1103,9 +1067,7 @@ class TestAotSubclassOutputsAliasIntermediateWithComms(DTensorTestBase):
     def world_size(self) -> int:
         return 2
 
-    def _train(
-        self, mesh: DeviceMesh, shape: str, backend: str | None
-    ) -> list[list[torch.Tensor]]:
+    def _train(self, mesh: DeviceMesh, shape: str, backend: str | None) -> list[list[torch.Tensor]]:
         torch.manual_seed(0)
         model = _TwoOutputMLP(shape)
         optim = _parallelize_up_down(model, mesh, backend)
@@ -1192,9 +1154,7 @@ class TestAotUnusedSubclassOutputZeroTangent(SubclassOutputTestCase):
         as with plain tensors (the compiled backward is one graph)."""
         eager_inps = list(make_inputs())
         compiled_inps = [x.detach().clone().requires_grad_() for x in eager_inps]
-        compiled_fn = torch.compile(
-            fn, backend=backend, fullgraph=True, dynamic=dynamic
-        )
+        compiled_fn = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)
         for inps, f in ((eager_inps, fn), (compiled_inps, compiled_fn)):
             outs = f(*inps)
             _loss([outs[i] for i in used]).backward()
@@ -1217,9 +1177,7 @@ class TestAotUnusedSubclassOutputZeroTangent(SubclassOutputTestCase):
         def fn(x):
             return x.sin() * 2, x.cos()
 
-        self.check_unused_same_as_eager(
-            fn, lambda: self._x(placement), [0], backend=backend, dynamic=dynamic
-        )
+        self.check_unused_same_as_eager(fn, lambda: self._x(placement), [0], backend=backend, dynamic=dynamic)
 
     def test_each_output_unused_in_turn(self):
         def fn(x):
@@ -1374,9 +1332,7 @@ class FakeProcessGroupTestCase(torch._dynamo.test_case.TestCase):
 
     def setUp(self) -> None:
         super().setUp()
-        dist.init_process_group(
-            "fake", store=FakeStore(), rank=0, world_size=WORLD_SIZE
-        )
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD_SIZE)
         self.mesh = init_device_mesh(self.device_type, (WORLD_SIZE,))
 
     def tearDown(self) -> None:
@@ -1392,9 +1348,7 @@ class TestAotFreshAliasOutputs(FakeProcessGroupTestCase):
 
     def _param(self) -> nn.Parameter:
         torch.manual_seed(0)
-        return nn.Parameter(
-            distribute_tensor(torch.randn(4, 4), self.mesh, [Replicate()])
-        )
+        return nn.Parameter(distribute_tensor(torch.randn(4, 4), self.mesh, [Replicate()]))
 
     @parametrize("backend", ["aot_eager", "inductor"])
     def test_to_local_of_parameter_keeps_inner_tensor_a_leaf(self, backend: str):
@@ -1456,9 +1410,7 @@ class TestAotFreshAliasOutputs(FakeProcessGroupTestCase):
             local = torch.randn(2, 4)
             return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False)
 
-        compiled = torch.compile(
-            fn, backend="inductor", dynamic=dynamic, fullgraph=True
-        )
+        compiled = torch.compile(fn, backend="inductor", dynamic=dynamic, fullgraph=True)
         w_ref, w, b_ref, b = self._param(), self._param(), make_b(), make_b()
         for step in range(2):
             ref, out = fn(w_ref, b_ref), compiled(w, b)
@@ -1662,9 +1614,7 @@ class TestDtensorCompileCacheRankKey(TestCase):
         with tempfile.TemporaryDirectory() as out_dir:
             env = dict(
                 os.environ,
-                PYTHONPATH=os.pathsep.join(
-                    filter(None, [test_dir, os.environ.get("PYTHONPATH")])
-                ),
+                PYTHONPATH=os.pathsep.join(filter(None, [test_dir, os.environ.get("PYTHONPATH")])),
                 TORCHINDUCTOR_CACHE_DIR=cache_dir,
                 TORCHINDUCTOR_FX_GRAPH_CACHE="1",
                 TORCHINDUCTOR_AUTOGRAD_CACHE="1",
@@ -1673,9 +1623,7 @@ class TestDtensorCompileCacheRankKey(TestCase):
             )
             name = spawn_ranks.__name__
             code = f"from {module} import {name}; {name}({out_dir!r})"
-            proc = subprocess.run(
-                [sys.executable, "-c", code], env=env, capture_output=True, text=True
-            )
+            proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
             self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
             results = []
             for rank in range(WORLD_SIZE):
@@ -1701,12 +1649,8 @@ class TestDtensorCompileCacheRankKey(TestCase):
                         msg = f"{run} cache, rank {rank}, step {i}"
                         eager_loss, eager_grad = step["eager"]
                         loss, grad = step["compiled"]
-                        self.assertEqual(
-                            loss, eager_loss, atol=1e-5, rtol=1e-5, msg=msg
-                        )
-                        self.assertEqual(
-                            grad, eager_grad, atol=1e-5, rtol=1e-5, msg=msg
-                        )
+                        self.assertEqual(loss, eager_loss, atol=1e-5, rtol=1e-5, msg=msg)
+                        self.assertEqual(grad, eager_grad, atol=1e-5, rtol=1e-5, msg=msg)
 
 
 class _ActBlock(nn.Module):
@@ -1769,11 +1713,7 @@ class TestAotActInputRequiresGrad(DTensorTestBase):
         torch.manual_seed(0)
         model = _EmbeddingThenActBlock()
         ref = copy.deepcopy(model)
-        plan = {
-            "tok_embeddings": RowwiseParallel(
-                input_layouts=Replicate(), output_layouts=Shard(1)
-            )
-        }
+        plan = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))}
         parallelize_module(model, mesh, plan)
         parallelize_module(ref, mesh, plan)
         model.block.compile(backend="inductor", fullgraph=True)
@@ -1833,9 +1773,7 @@ class TestDtensorStridedShardViewCompile(FakeProcessGroupTestCase):
 
     bs, slen, dim = 8, 16, 32
 
-    def _check_against_eager(
-        self, fn: Callable, make_input: Callable[[], DTensor], backend: str
-    ) -> None:
+    def _check_against_eager(self, fn: Callable, make_input: Callable[[], DTensor], backend: str) -> None:
         torch.manual_seed(0)
         x_ref, x = make_input(), make_input()
         ref = fn(x_ref)
@@ -1858,9 +1796,7 @@ class TestDtensorStridedShardViewCompile(FakeProcessGroupTestCase):
         local = torch.randn(bs, slen // WORLD_SIZE, dim, device=self.device_type)
 
         def make_input() -> DTensor:
-            return DTensor.from_local(
-                local.clone(), self.mesh, [Shard(1)], run_check=False
-            ).requires_grad_()
+            return DTensor.from_local(local.clone(), self.mesh, [Shard(1)], run_check=False).requires_grad_()
 
         def fn(t: DTensor) -> torch.Tensor:
             return (t.view(-1, dim) * 2).to_local()

@@ -35,10 +35,7 @@ class TestDtensorForeachNormDtype(DTensorTestBase):
                 self.assertEqual(o.full_tensor(), r)
 
 
-TestDtensorForeachNormDtypeWithLocalTensor = create_local_tensor_test_class(
-    TestDtensorForeachNormDtype
-)
-
+TestDtensorForeachNormDtypeWithLocalTensor = create_local_tensor_test_class(TestDtensorForeachNormDtype)
 
 
 class TestDtensorIsAnyTrueStrategy(DTensorTestBase):
@@ -84,6 +81,7 @@ class TestDtensorIsAnyTrueStrategy(DTensorTestBase):
             else:
                 loss.backward()
                 self.assertFalse(dist_weight.grad.to_local().isnan().any())
+
 
 # One process holds every rank: a NaN in one rank's shard cannot raise in that rank alone.
 TestDtensorIsAnyTrueStrategyWithLocalTensor = create_local_tensor_test_class(

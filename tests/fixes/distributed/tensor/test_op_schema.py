@@ -62,9 +62,7 @@ class FakeProcessGroupTestCase(TestCase):
 
     def setUp(self) -> None:
         super().setUp()
-        dist.init_process_group(
-            "fake", store=FakeStore(), rank=0, world_size=WORLD_SIZE
-        )
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD_SIZE)
         self.mesh = init_device_mesh(self.device_type, (WORLD_SIZE,))
 
     def tearDown(self) -> None:
@@ -120,11 +118,7 @@ class TestDtensorOpschemaKeyLeakOptimizer(FakeProcessGroupTestCase):
     def test_adamw_steps_leave_no_specs(self, impl: str, placement: str) -> None:
         placements = [Shard(0)] if placement == "shard" else [Replicate()]
         params = [
-            nn.Parameter(
-                distribute_tensor(
-                    torch.randn(16, 16, device=self.device_type), self.mesh, placements
-                )
-            )
+            nn.Parameter(distribute_tensor(torch.randn(16, 16, device=self.device_type), self.mesh, placements))
             for _ in range(4)
         ]
         kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
@@ -132,9 +126,7 @@ class TestDtensorOpschemaKeyLeakOptimizer(FakeProcessGroupTestCase):
 
         def step() -> None:
             for p in params:
-                p.grad = DTensor.from_local(
-                    torch.randn_like(p.to_local()), self.mesh, placements
-                )
+                p.grad = DTensor.from_local(torch.randn_like(p.to_local()), self.mesh, placements)
             optim.step()
             optim.zero_grad()
 

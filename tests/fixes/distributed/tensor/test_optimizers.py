@@ -77,9 +77,7 @@ class TestOptimizerForeachMixedDtensor(DTensorTestBase):
 
     @with_comms
     def test_adamw_mixed_dtensor_and_plain(self):
-        self._assert_same_steps(
-            self._layouts(), torch.optim.AdamW, {"foreach": True}, {"foreach": False}
-        )
+        self._assert_same_steps(self._layouts(), torch.optim.AdamW, {"foreach": True}, {"foreach": False})
 
     @with_comms
     def test_adam_amsgrad_mixed_dtensor_and_plain(self):
@@ -116,9 +114,7 @@ class TestOptimizerForeachMixedDtensor(DTensorTestBase):
     @with_comms
     def test_foreach_two_meshes_and_plain(self):
         mesh = self.build_device_mesh()
-        mesh_2d = init_device_mesh(
-            self.device_type, (self.world_size, 1), mesh_dim_names=("dp", "ep")
-        )
+        mesh_2d = init_device_mesh(self.device_type, (self.world_size, 1), mesh_dim_names=("dp", "ep"))
         layouts = [
             (mesh, [Shard(0)]),
             (mesh_2d, [Shard(0), Replicate()]),
@@ -126,9 +122,7 @@ class TestOptimizerForeachMixedDtensor(DTensorTestBase):
             (mesh_2d, [Replicate(), Replicate()]),
             (mesh, [Replicate()]),
         ]
-        self._assert_same_steps(
-            layouts, torch.optim.AdamW, {"foreach": True}, {"foreach": False}
-        )
+        self._assert_same_steps(layouts, torch.optim.AdamW, {"foreach": True}, {"foreach": False})
 
     @with_comms
     def test_grouping_keeps_unmixed_groups(self):
@@ -147,9 +141,7 @@ class TestOptimizerForeachMixedDtensor(DTensorTestBase):
                 self.assertIs(param, group_param)
 
 
-TestOptimizerForeachMixedDtensorWithLocalTensor = create_local_tensor_test_class(
-    TestOptimizerForeachMixedDtensor
-)
+TestOptimizerForeachMixedDtensorWithLocalTensor = create_local_tensor_test_class(TestOptimizerForeachMixedDtensor)
 
 
 if __name__ == "__main__":

@@ -68,18 +68,13 @@ def _new_factory(x: torch.Tensor, op: str, shape: tuple[int, ...]) -> torch.Tens
     return getattr(x, op)(shape)
 
 
-def _expected_factory_placements(
-    placements: tuple[Placement, ...], op: str, same_shape: bool
-) -> tuple[Placement, ...]:
+def _expected_factory_placements(placements: tuple[Placement, ...], op: str, same_shape: bool) -> tuple[Placement, ...]:
     # Each mesh dim on its own: a new shape replicates; a Shard dim follows the
     # input; a Partial dim follows only for uninitialized factories, since the
     # values an initialized factory writes would be reduced across that dim.
     if not same_shape:
         return (Replicate(),) * len(placements)
-    return tuple(
-        Replicate() if p.is_partial() and op in _INITIALIZED_FILL else p
-        for p in placements
-    )
+    return tuple(Replicate() if p.is_partial() and op in _INITIALIZED_FILL else p for p in placements)
 
 
 @st.composite
@@ -109,9 +104,7 @@ class TestDtensorNewEmptyPartial(DTensorTestBase):
     @with_comms
     def test_new_empty_follows_partial_placement(self):
         mesh = self.build_device_mesh()
-        x = DTensor.from_local(
-            torch.randn(4, 6, device=self.device_type), mesh, [Partial()]
-        )
+        x = DTensor.from_local(torch.randn(4, 6, device=self.device_type), mesh, [Partial()])
         self.assertEqual(x.new_empty((4, 6)).placements, (Partial(),))
         self.assertEqual(x.new_empty_strided((4, 6), (1, 4)).placements, (Partial(),))
         # Initialized factories stay Replicate: ones of a Partial would sum to world_size.
@@ -144,9 +137,7 @@ class TestDtensorNewEmptyPartial(DTensorTestBase):
         self.assertEqual(w.grad.full_tensor(), w_ref.grad)
 
 
-TestDtensorNewEmptyPartialWithLocalTensor = create_local_tensor_test_class(
-    TestDtensorNewEmptyPartial
-)
+TestDtensorNewEmptyPartialWithLocalTensor = create_local_tensor_test_class(TestDtensorNewEmptyPartial)
 
 
 class TestDtensorNewEmptyPartialProperty(LocalDTensorTestBase):
@@ -171,15 +162,11 @@ class TestDtensorNewEmptyPartialProperty(LocalDTensorTestBase):
                 for mesh_dim, p in enumerate(placements):
                     if isinstance(p, Shard):
                         local_shape[p.dim] //= mesh.size(mesh_dim)
-                x = DTensor.from_local(
-                    torch.randn(local_shape), mesh, placements, run_check=False
-                )
+                x = DTensor.from_local(torch.randn(local_shape), mesh, placements, run_check=False)
                 out_shape = shape if same_shape else (shape[0] + 1,) + shape[1:]
                 out_strides = strides if same_shape else None
                 if op == "new_empty_strided":
-                    y = x.new_empty_strided(
-                        out_shape, out_strides or torch.empty(out_shape).stride()
-                    )
+                    y = x.new_empty_strided(out_shape, out_strides or torch.empty(out_shape).stride())
                 elif op == "new_full":
                     y = x.new_full(out_shape, 3.0)
                 else:
@@ -220,9 +207,7 @@ class TestDtensorNewFactoryShardPartial(DTensorTestBase):
             mesh,
         )
 
-    def _test_new_factory_shard_partial_2d_mesh(
-        self, mesh, placements: tuple[Placement, ...], op: str
-    ) -> None:
+    def _test_new_factory_shard_partial_2d_mesh(self, mesh, placements: tuple[Placement, ...], op: str) -> None:
         x = DTensor.from_local(
             torch.randn(2, 4, device=self.device_type),
             mesh,
@@ -232,17 +217,13 @@ class TestDtensorNewFactoryShardPartial(DTensorTestBase):
         y = _new_factory(x, op, tuple(x.shape))
         if op in _INITIALIZED_FILL:
             self.assertEqual(y.full_tensor(), torch.full((4, 4), _INITIALIZED_FILL[op]))
-            self.assertEqual(
-                y.placements, _expected_factory_placements(placements, op, True)
-            )
+            self.assertEqual(y.placements, _expected_factory_placements(placements, op, True))
         else:
             # Uninitialized factories still follow the input, Partial included.
             self.assertEqual(y.placements, placements)
 
 
-TestDtensorNewFactoryShardPartialWithLocalTensor = create_local_tensor_test_class(
-    TestDtensorNewFactoryShardPartial
-)
+TestDtensorNewFactoryShardPartialWithLocalTensor = create_local_tensor_test_class(TestDtensorNewFactoryShardPartial)
 
 
 class TestDtensorNewFactoryShardPartialProperty(LocalDTensorTestBase):
@@ -270,9 +251,7 @@ class TestDtensorNewFactoryShardPartialProperty(LocalDTensorTestBase):
                 for mesh_dim, p in enumerate(placements):
                     if isinstance(p, Shard):
                         local_shape[p.dim] //= mesh.size(mesh_dim)
-                x = DTensor.from_local(
-                    torch.randn(local_shape), mesh, placements, run_check=False
-                )
+                x = DTensor.from_local(torch.randn(local_shape), mesh, placements, run_check=False)
                 y = _new_factory(x, op, out_shape)
                 if op in _INITIALIZED_FILL:
                     values = y.full_tensor()

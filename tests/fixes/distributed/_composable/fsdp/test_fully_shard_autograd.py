@@ -26,17 +26,13 @@ from torch.utils.checkpoint import (
 )
 
 
-def _save_mm_policy(
-    ctx: SelectiveCheckpointContext, op: OpOverload, *args: Any, **kwargs: Any
-) -> CheckpointPolicy:
+def _save_mm_policy(ctx: SelectiveCheckpointContext, op: OpOverload, *args: Any, **kwargs: Any) -> CheckpointPolicy:
     if op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
-_sac_context_fn = functools.partial(
-    create_selective_checkpoint_contexts, _save_mm_policy
-)
+_sac_context_fn = functools.partial(create_selective_checkpoint_contexts, _save_mm_policy)
 
 
 class _ExpertBlock(nn.Module):
@@ -60,9 +56,7 @@ class _CheckpointedBlock(nn.Module):
         self.block = _ExpertBlock(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return checkpoint(
-            self.block, x, use_reentrant=False, context_fn=_sac_context_fn
-        )
+        return checkpoint(self.block, x, use_reentrant=False, context_fn=_sac_context_fn)
 
 
 class TestSacIgnoreRuntimeOps(DTensorTestBase):
@@ -73,9 +67,7 @@ class TestSacIgnoreRuntimeOps(DTensorTestBase):
     def _check_grads(self, backward_prefetch_experts: bool) -> None:
         torch.manual_seed(42)
         dim = 8
-        model = nn.Sequential(
-            nn.Linear(dim, dim), _CheckpointedBlock(dim), _CheckpointedBlock(dim)
-        )
+        model = nn.Sequential(nn.Linear(dim, dim), _CheckpointedBlock(dim), _CheckpointedBlock(dim))
         ref_model = copy.deepcopy(model)
         # On this test's device: fully_shard's default mesh is on the accelerator
         # whenever there is one, also where the test runs on the CPU
@@ -99,9 +91,7 @@ class TestSacIgnoreRuntimeOps(DTensorTestBase):
             for param in ref_model.parameters():
                 dist.all_reduce(param.grad)
                 param.grad.div_(self.world_size)
-            for (name, param), ref_param in zip(
-                model.named_parameters(), ref_model.parameters()
-            ):
+            for (name, param), ref_param in zip(model.named_parameters(), ref_model.parameters()):
                 self.assertEqual(param.grad.full_tensor(), ref_param.grad, msg=name)
             model.zero_grad()
             ref_model.zero_grad()
@@ -122,11 +112,7 @@ class TestSacIgnoreRuntimeOpsSingleProcess(TestCase):
         def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             calls.append(None)
             # Annotate the recomputation only, as runtime hooks may do
-            annotate = (
-                record_function("recompute")
-                if len(calls) > 1
-                else contextlib.nullcontext()
-            )
+            annotate = record_function("recompute") if len(calls) > 1 else contextlib.nullcontext()
             with annotate:
                 y = torch.mm(x, w)
             return y.sin().cos()

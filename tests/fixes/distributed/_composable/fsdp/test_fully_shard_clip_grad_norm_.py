@@ -33,9 +33,7 @@ def _clip_grad_norm_per_mesh_(
     groups = [*mesh_groups.values(), *([plain] if plain else [])]
     norms = []
     for group in groups:
-        norm = nn.utils.get_total_norm(
-            [p.grad for p in group], norm_type, foreach=foreach
-        )
+        norm = nn.utils.get_total_norm([p.grad for p in group], norm_type, foreach=foreach)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     total_norm = nn.utils.get_total_norm(norms, norm_type, foreach=foreach)
     for group in groups:
@@ -62,17 +60,13 @@ class TestClipGradNormMixedMeshes(DTensorTestBase):
                 param = nn.Parameter(torch.zeros(shape, device=self.device_type))
                 param.grad = full.clone()
             else:
-                param = nn.Parameter(
-                    distribute_tensor(ref_param.detach(), mesh, placements)
-                )
+                param = nn.Parameter(distribute_tensor(ref_param.detach(), mesh, placements))
                 param.grad = distribute_tensor(full, mesh, placements)
             params.append(param)
 
         max_norm = 1.0
         ref_total_norm = nn.utils.clip_grad_norm_(ref_params, max_norm, norm_type)
-        total_norm = nn.utils.clip_grad_norm_(
-            params, max_norm, norm_type, foreach=foreach
-        )
+        total_norm = nn.utils.clip_grad_norm_(params, max_norm, norm_type, foreach=foreach)
         # no single mesh holds the total norm of gradients on several meshes
         self.assertNotIsInstance(total_norm, DTensor)
         self.assertEqual(total_norm, ref_total_norm)
@@ -85,12 +79,8 @@ class TestClipGradNormMixedMeshes(DTensorTestBase):
     @with_comms
     def test_clip_grad_norm_two_meshes(self):
         # e.g. dense parameters sharded on one mesh and experts on another
-        mesh_a = init_device_mesh(
-            self.device_type, (self.world_size,), mesh_dim_names=("dp",)
-        )
-        mesh_b = init_device_mesh(
-            self.device_type, (self.world_size,), mesh_dim_names=("ep",)
-        )
+        mesh_a = init_device_mesh(self.device_type, (self.world_size,), mesh_dim_names=("dp",))
+        mesh_b = init_device_mesh(self.device_type, (self.world_size,), mesh_dim_names=("ep",))
         layouts = [
             (mesh_a, [Shard(0)]),
             (mesh_b, [Shard(0)]),
@@ -114,9 +104,7 @@ class TestClipGradNormMixedMeshes(DTensorTestBase):
             self._check_clip_grad_norm(layouts, norm_type, foreach)
 
 
-TestClipGradNormMixedMeshesWithLocalTensor = create_local_tensor_test_class(
-    TestClipGradNormMixedMeshes
-)
+TestClipGradNormMixedMeshesWithLocalTensor = create_local_tensor_test_class(TestClipGradNormMixedMeshes)
 
 
 class TestClipGradNormMixedMeshesOrder(LocalDTensorTestBase):
@@ -129,12 +117,8 @@ class TestClipGradNormMixedMeshesOrder(LocalDTensorTestBase):
         # Deleting a trainer's own per-mesh split must change no bit: the groups are
         # ordered as trainers order them (plain tensors last), whatever the order of
         # the parameters, e.g. plain tensors first among three groups.
-        mesh_a = init_device_mesh(
-            self.device_type, (self.world_size,), mesh_dim_names=("dp",)
-        )
-        mesh_b = init_device_mesh(
-            self.device_type, (self.world_size,), mesh_dim_names=("ep",)
-        )
+        mesh_a = init_device_mesh(self.device_type, (self.world_size,), mesh_dim_names=("dp",))
+        mesh_b = init_device_mesh(self.device_type, (self.world_size,), mesh_dim_names=("ep",))
         kinds = {"plain": None, "a": mesh_a, "b": mesh_b}
         shapes = [(16, 8), (8, 6), (12,), (10, 2)]
         # Gradients of very different sizes, as in a model: the groups' norms then
@@ -152,24 +136,13 @@ class TestClipGradNormMixedMeshesOrder(LocalDTensorTestBase):
                             param.grad = full.clone()
                             mesh = kinds[kind]
                             if mesh is not None:
-                                param = nn.Parameter(
-                                    distribute_tensor(param.detach(), mesh, [Shard(0)])
-                                )
-                                param.grad = distribute_tensor(
-                                    full.clone(), mesh, [Shard(0)]
-                                )
+                                param = nn.Parameter(distribute_tensor(param.detach(), mesh, [Shard(0)]))
+                                param.grad = distribute_tensor(full.clone(), mesh, [Shard(0)])
                             out.append(param)
-                    ref_total_norm = _clip_grad_norm_per_mesh_(
-                        ref_params, 0.5, norm_type, foreach
-                    )
-                    total_norm = nn.utils.clip_grad_norm_(
-                        params, 0.5, norm_type, foreach=foreach
-                    )
+                    ref_total_norm = _clip_grad_norm_per_mesh_(ref_params, 0.5, norm_type, foreach)
+                    total_norm = nn.utils.clip_grad_norm_(params, 0.5, norm_type, foreach=foreach)
                     grads, ref_grads = (
-                        [
-                            g.full_tensor() if isinstance(g, DTensor) else g
-                            for g in (p.grad for p in ps)
-                        ]
+                        [g.full_tensor() if isinstance(g, DTensor) else g for g in (p.grad for p in ps)]
                         for ps in (params, ref_params)
                     )
                 # Assert outside LocalTensorMode, which would treat the checks as

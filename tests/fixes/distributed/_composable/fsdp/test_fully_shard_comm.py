@@ -46,9 +46,9 @@ class TestFsdpGlooGradientDivideFactor(DTensorTestBase):
 
     def _check_divide_factor(self, factor: float) -> None:
         torch.manual_seed(0)
-        model = nn.Sequential(
-            nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 4)
-        ).to(self.device_type)
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 4)).to(
+            self.device_type
+        )
         ref_model = copy.deepcopy(model)
         mesh = init_device_mesh(self.device_type, (self.world_size,))
         for index in (0, 2):
@@ -65,8 +65,7 @@ class TestFsdpGlooGradientDivideFactor(DTensorTestBase):
         # one reduce-scatter per FSDP group, no extra collective
         counts = comm_mode.get_comm_counts()
         self.assertEqual(
-            counts[torch.ops.c10d_functional.reduce_scatter_tensor]
-            + counts[torch.ops.c10d._reduce_scatter_base_],
+            counts[torch.ops.c10d_functional.reduce_scatter_tensor] + counts[torch.ops.c10d._reduce_scatter_base_],
             3,
         )
 
@@ -97,25 +96,19 @@ class TestFsdpGlooGradientDivideFactorOps(TestCase):
     def test_factor_one_is_a_plain_sum_on_any_device(self) -> None:
         for device_type in ("cpu", "cuda"):
             self.assertEqual(
-                _get_gradient_divide_factors(
-                    _FakeGroup(4), None, torch.float32, device_type, 1.0
-                ),
+                _get_gradient_divide_factors(_FakeGroup(4), None, torch.float32, device_type, 1.0),
                 (None, None, dist.ReduceOp.SUM, dist.ReduceOp.SUM),
             )
 
     def test_cpu_divides_after_a_sum(self) -> None:
         self.assertEqual(
-            _get_gradient_divide_factors(
-                _FakeGroup(4), _FakeGroup(2), torch.float32, "cpu", 3.0
-            ),
+            _get_gradient_divide_factors(_FakeGroup(4), _FakeGroup(2), torch.float32, "cpu", 3.0),
             (None, 3.0, dist.ReduceOp.SUM, dist.ReduceOp.SUM),
         )
 
     def test_world_size_factor_still_averages_on_cpu(self) -> None:
         self.assertEqual(
-            _get_gradient_divide_factors(
-                _FakeGroup(4), None, torch.float32, "cpu", 4.0
-            ),
+            _get_gradient_divide_factors(_FakeGroup(4), None, torch.float32, "cpu", 4.0),
             (None, None, dist.ReduceOp.AVG, dist.ReduceOp.SUM),
         )
 
@@ -171,17 +164,11 @@ class TestFsdpReleaseAllGatherState(TestCase):
         # The head's last all-gather result is kept for the next all-gather
         all_gather_state = comm_ctx.all_gather_state
         self.assertIsNotNone(all_gather_state)
-        all_gather_output = weakref.ref(
-            all_gather_state.all_gather_result.all_gather_output
-        )
+        all_gather_output = weakref.ref(all_gather_state.all_gather_result.all_gather_output)
         del all_gather_state
         loss.backward()
-        self.assertTrue(
-            all_gather_output() is None, "the all-gather output outlives backward"
-        )
-        self.assertTrue(
-            comm_ctx.all_gather_state is None, "all_gather_state is set after backward"
-        )
+        self.assertTrue(all_gather_output() is None, "the all-gather output outlives backward")
+        self.assertTrue(comm_ctx.all_gather_state is None, "all_gather_state is set after backward")
 
     def test_released_after_backward(self) -> None:
         model = self._sharded_model()

@@ -63,9 +63,7 @@ class FullyShardGradAccTestCase(DTensorTestBase):
         param_dtype, reduce_dtype = torch.bfloat16, torch.float32
         ref_compute = copy.deepcopy(model).to(param_dtype)
         mesh = init_device_mesh(self.device_type, (self.world_size,))
-        mp_policy = MixedPrecisionPolicy(
-            param_dtype=param_dtype, reduce_dtype=reduce_dtype
-        )
+        mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         for name in shard_units:
             fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=mp_policy)
         fully_shard(model, mesh=mesh, mp_policy=mp_policy)
@@ -116,9 +114,7 @@ class TestFsdpAccumulatedGradDtype(FullyShardGradAccTestCase):
     @with_comms
     def test_param_first_used_on_last_microbatch(self) -> None:
         torch.manual_seed(0)
-        self._run_grad_acc(
-            _Towers().to(self.device_type), (), uses_vision=(False, False, True)
-        )
+        self._run_grad_acc(_Towers().to(self.device_type), (), uses_vision=(False, False, True))
 
     @skip_before("2.13", "set_reduce_scatter_unused_params is new in 2.13")
     @with_comms
@@ -219,16 +215,10 @@ class TestFsdpAcRecomputeInputCast(DTensorTestBase):
         for name in shard_units:
             module = ref_model.get_submodule(name).to(mp_policy.param_dtype)
             handles.append(
-                module.register_forward_pre_hook(
-                    lambda _, args: tuple(a.to(mp_policy.param_dtype) for a in args)
-                )
+                module.register_forward_pre_hook(lambda _, args: tuple(a.to(mp_policy.param_dtype) for a in args))
             )
             if mp_policy.output_dtype is not None:
-                handles.append(
-                    module.register_forward_hook(
-                        lambda _, __, out: out.to(mp_policy.output_dtype)
-                    )
-                )
+                handles.append(module.register_forward_hook(lambda _, __, out: out.to(mp_policy.output_dtype)))
 
         torch.manual_seed(1 + self.rank)
         x = torch.randn(4, 16, device=self.device_type, requires_grad=True)
@@ -255,12 +245,8 @@ class TestFsdpAcRecomputeInputCast(DTensorTestBase):
         # Uncast: mat1 and mat2 must have the same dtype, in the recomputation
         torch.manual_seed(0)
         self._check_checkpoint_parity(
-            nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16)).to(
-                self.device_type
-            ),
-            MixedPrecisionPolicy(
-                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
-            ),
+            nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16)).to(self.device_type),
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
             ("",),
         )
 
@@ -271,9 +257,7 @@ class TestFsdpAcRecomputeInputCast(DTensorTestBase):
         torch.manual_seed(0)
         self._check_checkpoint_parity(
             _GatedNorm(16).to(self.device_type),
-            MixedPrecisionPolicy(
-                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
-            ),
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
             ("",),
         )
 
@@ -354,18 +338,14 @@ class TestFsdpGradDtype(DTensorTestBase):
 
     @with_comms
     def test_fp32_grad_dtype_bf16_params(self) -> None:
-        self._check_grad_dtype(
-            torch.bfloat16, torch.float32, MixedPrecisionPolicy(), num_microbatches=2
-        )
+        self._check_grad_dtype(torch.bfloat16, torch.float32, MixedPrecisionPolicy(), num_microbatches=2)
 
     @with_comms
     def test_bf16_grad_dtype_fp32_params(self) -> None:
         self._check_grad_dtype(
             torch.float32,
             torch.bfloat16,
-            MixedPrecisionPolicy(
-                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
-            ),
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
             num_microbatches=2,
         )
 
@@ -398,9 +378,7 @@ class TestFsdpTpAllreduceReduceDtype(DTensorTestBase):
 
     def _init_model(self, with_linear: bool) -> tuple[nn.Module, nn.Module]:
         torch.manual_seed(0)
-        mesh = init_device_mesh(
-            self.device_type, (2, self.world_size // 2), mesh_dim_names=("dp", "tp")
-        )
+        mesh = init_device_mesh(self.device_type, (2, self.world_size // 2), mesh_dim_names=("dp", "tp"))
         model = nn.Sequential(nn.LayerNorm(16))
         if with_linear:
             model.append(nn.Linear(16, 16))
@@ -413,9 +391,7 @@ class TestFsdpTpAllreduceReduceDtype(DTensorTestBase):
         if with_linear:
             plan["1"] = ColwiseParallel(input_layouts=Shard(1))
         parallelize_module(model, mesh["tp"], plan)
-        mp_policy = MixedPrecisionPolicy(
-            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
-        )
+        mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         fully_shard(model, mesh=mesh["dp"], mp_policy=mp_policy)
         return model, ref_model
 
@@ -474,9 +450,7 @@ class TestFsdpMpDtypesAfterUnfreeze(DTensorTestBase):
         model.to(self.device_type)
         ref_model = copy.deepcopy(model).to(torch.bfloat16)
         mesh = init_device_mesh(self.device_type, (self.world_size,))
-        mp_policy = MixedPrecisionPolicy(
-            param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype
-        )
+        mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
         if nested:
             fully_shard(model[0], mesh=mesh, mp_policy=mp_policy)
         fully_shard(model, mesh=mesh, mp_policy=mp_policy)
@@ -493,9 +467,7 @@ class TestFsdpMpDtypesAfterUnfreeze(DTensorTestBase):
             ref_grad = ref_param.grad.to(reduce_dtype or torch.bfloat16)
             dist.all_reduce(ref_grad)
             self.assertEqual(param.grad.dtype, torch.float32)
-            self.assertEqual(
-                param.grad.full_tensor(), (ref_grad / self.world_size).float()
-            )
+            self.assertEqual(param.grad.full_tensor(), (ref_grad / self.world_size).float())
 
     @with_comms
     def test_unfreeze_after_frozen_forward(self) -> None:

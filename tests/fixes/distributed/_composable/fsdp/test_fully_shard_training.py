@@ -56,16 +56,10 @@ _UNUSED_WARNING = r".*set_reduce_scatter_unused_params\(True\)"
 
 
 def _unused_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
-    return [
-        str(w.message)
-        for w in caught
-        if "set_reduce_scatter_unused_params(True)" in str(w.message)
-    ]
+    return [str(w.message) for w in caught if "set_reduce_scatter_unused_params(True)" in str(w.message)]
 
 
-def _loss(
-    outputs: tuple[torch.Tensor, ...], uses: tuple[bool, ...], reference: bool
-) -> torch.Tensor:
+def _loss(outputs: tuple[torch.Tensor, ...], uses: tuple[bool, ...], reference: bool) -> torch.Tensor:
     # The reference adds each output this rank does not use times zero: its
     # gradients are what the unused output must contribute, nothing
     terms = []
@@ -253,12 +247,8 @@ class TestFsdpUnusedParamsBackwardOrderGuard(FullyShardUnusedTestCase):
     @with_comms
     def test_all_ranks_use_every_output(self) -> None:
         for model_cls in (_TwoOutputs, _TwoBranches):
-            default, _ = self._train(
-                model_cls, lambda rank: (True, True), reduce_scatter_unused_params=False
-            )
-            opted_in, _ = self._train(
-                model_cls, lambda rank: (True, True), reduce_scatter_unused_params=True
-            )
+            default, _ = self._train(model_cls, lambda rank: (True, True), reduce_scatter_unused_params=False)
+            opted_in, _ = self._train(model_cls, lambda rank: (True, True), reduce_scatter_unused_params=True)
             for step_default, step_opted_in in zip(default, opted_in):
                 for grad, other in zip(step_default, step_opted_in):
                     self.assertTrue(torch.equal(grad, other))

@@ -42,9 +42,7 @@ class TestDtensorLossParallelLogSoftmaxBackward(DTensorTestBase):
                 with comm_mode:
                     dist_y.backward()
                 # one all-reduce of the gradient's sum over the class dim
-                self.assertEqual(
-                    comm_mode.get_comm_counts()[c10d_functional.all_reduce], 1
-                )
+                self.assertEqual(comm_mode.get_comm_counts()[c10d_functional.all_reduce], 1)
             self.assertTrue(dist_x.grad.placements[0].is_shard(shard_dim))
             self.assertEqual(dist_x.grad.full_tensor(), x.grad)
 
@@ -75,15 +73,13 @@ class TestDtensorLossParallelLogSoftmaxBackward(DTensorTestBase):
         (F.nll_loss(log_probs, target) + (log_probs * w).sum()).backward()
         with loss_parallel():
             dist_log_probs = F.log_softmax(dist_x, 1)
-            dist_y = (
-                F.nll_loss(dist_log_probs, target) + (dist_log_probs * dist_w).sum()
-            )
+            dist_y = F.nll_loss(dist_log_probs, target) + (dist_log_probs * dist_w).sum()
             dist_y.backward()
         self.assertEqual(dist_x.grad.full_tensor(), x.grad)
 
 
-TestDtensorLossParallelLogSoftmaxBackwardWithLocalTensor = (
-    create_local_tensor_test_class(TestDtensorLossParallelLogSoftmaxBackward)
+TestDtensorLossParallelLogSoftmaxBackwardWithLocalTensor = create_local_tensor_test_class(
+    TestDtensorLossParallelLogSoftmaxBackward
 )
 
 
