@@ -41,6 +41,10 @@ EVERY_LEG = (
     "tests/test_import_circles.py",
     "tests/test_layout.py",
     "tests/launch/test_launcher.py::test_torchrun_job_without_an_import_line_gets_the_fixes_on_every_rank",
+    # What a job's processes get from the launcher, the bootstrap and the job's lines: per torch.
+    "tests/launch/test_env.py",
+    "tests/launch/test_bootstrap.py",
+    "tests/launch/test_job_lines.py",
 )
 _NODE_FIELD = re.compile(r"^(?:Quick-Test|Error-Test):\s*(\S+)", re.M)
 
