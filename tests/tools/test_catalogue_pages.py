@@ -77,3 +77,17 @@ def test_every_relative_link_of_the_docs_leads_somewhere():
             if not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(REPO)}: {target}")
     assert not broken, broken
+
+
+def test_every_test_a_guarantee_names_exists():
+    # docs/reference/reliability.md: each guarantee names the test that holds it; a renamed or
+    # removed test would leave a guarantee that nothing holds.
+    text = (REPO / "docs" / "reference" / "reliability.md").read_text(encoding="utf-8")
+    defined = set()
+    for path in (REPO / "tests").rglob("test_*.py"):
+        defined.add(path.stem)
+        defined.update(re.findall(r"^\s*def (test_\w+)", path.read_text(encoding="utf-8"), re.M))
+    named = set(re.findall(r"\b(test_\w+)", text))
+    # A name cut short in the text (`test_a_device_is_refused_at_once_...`) stands for those it starts.
+    missing = sorted(n for n in named if not any(d == n or (n.endswith("_") and d.startswith(n)) for d in defined))
+    assert named and not missing, missing
