@@ -265,3 +265,21 @@ def test_a_guess_only_where_the_text_points_at_the_part_of_torch_with_the_bug():
     assert named("ZeroDivisionError: division by zero\n") == []
     guess = "torch.compile of the model fails:\nZeroDivisionError: division by zero\n"
     assert named(guess) == [("inductor-cpp-unbacked-parallel-depth", "possibly")]
+
+
+# DTensor's C++ dispatch fast path words the mixed-tensor error without the colon its Python path
+# puts after the op (2.13.0, transformers' own TP with clip_grad_norm_, tests/recipes/).
+MIXED_FROM_CPP = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/work/train.py", line 25, in main
+[rank0]:     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+[rank0]:   File "/venv/lib/python3.11/site-packages/torch/nn/utils/clip_grad.py", line 95, in _get_total_norm
+[rank0]:     norms.extend(torch._foreach_norm(device_tensors, norm_type))
+[rank0]: RuntimeError: aten._foreach_norm.Scalar got mixed torch.Tensor and DTensor, need to convert all \
+torch.Tensor to DTensor before calling distributed operators!
+"""
+
+
+def test_the_mixed_tensor_error_of_the_cpp_path_is_known():
+    (ex,) = explain_log(MIXED_FROM_CPP, load_catalogue(PATCHES), "2.13.0")
+    assert [(m.bug.id, m.confidence) for m in ex.matches] == [("clip-grad-norm-mixed-meshes", "known")]
