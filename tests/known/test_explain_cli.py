@@ -283,3 +283,18 @@ torch.Tensor to DTensor before calling distributed operators!
 def test_the_mixed_tensor_error_of_the_cpp_path_is_known():
     (ex,) = explain_log(MIXED_FROM_CPP, load_catalogue(PATCHES), "2.13.0")
     assert [(m.bug.id, m.confidence) for m in ex.matches] == [("clip-grad-norm-mixed-meshes", "known")]
+
+
+def test_explain_answers_in_a_python_without_torch(tmp_path):
+    # A laptop without torch: `import torch_overlay` has nothing to patch, and explain still answers.
+    path = tmp_path / "job.log"
+    path.write_text(MIXED_FROM_CPP, encoding="utf-8")
+    no_torch = (
+        "import runpy, sys; sys.modules['torch'] = None; "
+        f"sys.argv = ['torch_overlay', 'explain', {str(path)!r}]; runpy.run_module('torch_overlay', run_name='__main__')"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", no_torch], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "known bug: clip-grad-norm-mixed-meshes" in proc.stdout and "no torch is" in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr

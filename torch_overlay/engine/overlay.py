@@ -21,7 +21,7 @@ from typing import Any, TYPE_CHECKING
 from .._config import Config, load_config, unknown_ids_problem
 from .._state import Mode, OverlayError, PatchState, PatchStatus
 from ..series.series import Patch, SeriesError
-from ..series.versions import torch_version
+from ..series.versions import torch_installed, torch_version
 
 # Only what activation needs is imported here: `import torch_overlay` is on the path of every
 # job's `import torch` (README, Benchmarks); the rest is imported where it is first used.
@@ -97,6 +97,8 @@ class Overlay:
             if self._activated:
                 return
             self._activated = True
+            if not torch_installed():  # nothing to patch: `explain` and the tools still work
+                return
             patches: list[Patch]
             key, patches, recalled = None, [], None
             folder, cache = self.config.patches_dir, self._cache

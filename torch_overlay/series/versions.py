@@ -11,6 +11,7 @@ from pathlib import Path
 
 __all__ = [
     "find_file",
+    "torch_installed",
     "parse_version",
     "SUPPORTED",
     "support_note",
@@ -47,6 +48,15 @@ def torch_root() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("torch is not installed")
     return Path(next(iter(spec.submodule_search_locations))).resolve().parent
+
+
+def torch_installed() -> bool:
+    """Whether this Python can import torch (found without importing it)."""
+    try:
+        torch_root()
+    except (ImportError, ValueError):  # ValueError: a `torch` in sys.modules without a spec
+        return False
+    return True
 
 
 @functools.cache
