@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _step_arms import arms, compare_arms, instructions
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX_ID = "pp-scale-grads-accumulation"
@@ -40,11 +40,7 @@ N_MICROBATCHES = 4
 # --instructions: callgrind's count of the timed steps, (I(long) - I(short)) / (long - short) steps
 # per arm, so that the start-up of the process cancels out
 INSTRUCTION_STEPS = (5, 105)
-ARMS = {
-    "no overlay": {"TORCH_OVERLAY": "0"},
-    "fix disabled": {"TORCH_OVERLAY_DISABLE": FIX_ID},
-    "overlay": {},
-}
+ARMS = arms(FIX_ID)
 
 
 def _worker() -> None:
@@ -94,51 +90,8 @@ def _worker() -> None:
     print(json.dumps({"step": per_step, "digest": digest.hexdigest(), "torch": torch.__version__}))
 
 
-def _instructions(arm_env: dict[str, str], steps: int) -> int:
-    """Instructions callgrind counts for a worker that times ``steps`` steps (the whole process)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_OVERLAY", "TORCH_OVERLAY_DISABLE")}
-    fixed = {"PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    env.update(arm_env, BENCH_PP_STEPS=str(steps), **fixed)
-    out = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__, "--worker"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return int(re.search(r"Collected : (\d+)", out.stderr).group(1))
-
-
-def instructions() -> None:
-    short, long = INSTRUCTION_STEPS
-    per_step = {}
-    for arm in ("no overlay", "overlay"):
-        per_step[arm] = (_instructions(ARMS[arm], long) - _instructions(ARMS[arm], short)) / (long - short)
-    print(f"pipeline step, callgrind instructions per step ({long} - {short} steps, PYTHONHASHSEED=0, 1 thread)")
-    for arm, count in per_step.items():
-        print(f"  {arm:14s}{count / 1e6:10.2f} M")
-    print(f"  overlay / no overlay: {per_step['overlay'] / per_step['no overlay']:.4f}")
-
-
 def main() -> None:
-    best: dict[str, float] = {}
-    digests: dict[str, set[str]] = {arm: set() for arm in ARMS}
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_OVERLAY", "TORCH_OVERLAY_DISABLE")}
-    for _ in range(ROUNDS):
-        for arm, arm_env in ARMS.items():
-            out = subprocess.run(
-                [sys.executable, __file__, "--worker", *(["--smoke"] if SMOKE else [])],
-                env={**env, **arm_env},
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-            result = json.loads(out.strip().splitlines()[-1])
-            best[arm] = min(best.get(arm, float("inf")), result["step"])
-            digests[arm].add(result["digest"])
-            version = result["torch"]
-    if len(set().union(*digests.values())) != 1:
-        sys.exit(f"the arms' gradients or parameters differ: {digests}")
+    best, version = compare_arms(__file__, ARMS, ROUNDS, SMOKE)
     print(
         f"pipeline step (ScheduleGPipe, {N_MICROBATCHES} microbatches, 8 Linear(256) blocks, 1-rank gloo, 1 thread, "
         f"torch {version}), fastest of {ROUNDS} rounds x {STEPS} steps, CPU time"
@@ -154,6 +107,6 @@ if __name__ == "__main__":
     if "--worker" in sys.argv[1:]:
         _worker()
     elif "--instructions" in sys.argv[1:]:
-        instructions()
+        instructions(__file__, ARMS, "BENCH_PP_STEPS", INSTRUCTION_STEPS, "pipeline step")
     else:
         main()
