@@ -24,7 +24,7 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
     with_comms,
 )
 
-from tests.fixes._torch_gates import skip_before
+from tests.fixes._torch_gates import before
 
 
 d_hid = 8
@@ -124,18 +124,21 @@ class TestPpScaleGradsAccumulation(DTensorTestBase):
     def test_accumulate_across_steps_fsdp(self) -> None:
         self._check_accumulation(ScheduleGPipe, stages_per_rank=1, n_microbatches=2, fsdp=True)
 
-    @skip_before("2.15", "step(finalize_gradients=False) is new in 2.15")
-    @with_comms
-    def test_accumulate_across_steps_fsdp_deferred_finalization(self) -> None:
-        # A finalized step, then an accumulation window of two steps that
-        # reduces and scales once, at its last step
-        self._check_accumulation(
-            ScheduleGPipe,
-            stages_per_rank=1,
-            n_microbatches=2,
-            fsdp=True,
-            finalize_gradients=(True, False, True),
-        )
+    # step(finalize_gradients=False) is new in 2.15: no such test on older torch (not even a skipped
+    # one, so that a copy of this class made for an older torch has nothing to resolve)
+    if not before("2.15"):
+
+        @with_comms
+        def test_accumulate_across_steps_fsdp_deferred_finalization(self) -> None:
+            # A finalized step, then an accumulation window of two steps that
+            # reduces and scales once, at its last step
+            self._check_accumulation(
+                ScheduleGPipe,
+                stages_per_rank=1,
+                n_microbatches=2,
+                fsdp=True,
+                finalize_gradients=(True, False, True),
+            )
 
 
 instantiate_parametrized_tests(TestPpScaleGradsAccumulation)
