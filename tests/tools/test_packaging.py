@@ -114,18 +114,34 @@ def test_the_installed_launcher_gives_every_rank_of_a_gloo_job_its_fixes(install
     assert reports[0]["states"] == reports[1]["states"]
 
 
+def _launched(venv: Path, env: dict[str, str], python: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    code = "import sys; print('torch_overlay' in sys.modules)"
+    return subprocess.run(
+        [venv / "bin" / "torch-overlay-run", python, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+
+
 def test_a_child_python_without_torch_overlay_says_it_runs_without_the_fixes(installed, tmp_path):
     venv, env = installed
-    other = Path(sys.base_prefix) / "bin" / "python3"  # this interpreter's base: no torch_overlay there
-    probe = subprocess.run([other, "-c", "import torch_overlay"], capture_output=True, env=env)
+    other = Path(sys.executable)  # this test's own Python: torch, but not torch_overlay (not on its path here)
+    probe = subprocess.run([other, "-c", "import torch, torch_overlay"], capture_output=True, env=env, cwd=tmp_path)
     if probe.returncode == 0:
         pytest.skip(f"{other} can import torch_overlay")
-    code = "import sys; print('torch_overlay' in sys.modules)"
-    proc = subprocess.run(
-        [venv / "bin" / "torch-overlay-run", other, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
-    )
+    proc = _launched(venv, env, other, tmp_path)
     assert proc.returncode == 0 and proc.stdout.split() == ["False"]
     assert "could not import torch_overlay" in proc.stderr and "WITHOUT the overlay's fixes" in proc.stderr
+
+
+def test_a_child_python_without_torch_is_left_alone(installed, tmp_path):
+    # A tool the job starts with another Python (no torch there): nothing to fix, nothing to say.
+    venv, env = installed
+    other = Path(sys.base_prefix) / "bin" / "python3"
+    probe = subprocess.run([other, "-c", "import torch"], capture_output=True, env=env, cwd=tmp_path)
+    if probe.returncode == 0:
+        pytest.skip(f"{other} has torch")
+    proc = _launched(venv, env, other, tmp_path)
+    assert proc.returncode == 0 and proc.stdout.split() == ["False"]
+    assert proc.stderr == ""
 
 
 def test_the_launcher_refuses_to_start_without_its_bootstrap(installed, tmp_path):
