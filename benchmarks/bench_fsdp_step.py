@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from _step_arms import arms, compare_arms, instructions
+from _step_arms import arms, compare_arms, instructions, print_arms
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX_ID = "fsdp-unused-params-backward-order"
@@ -95,14 +95,10 @@ def _worker() -> None:
 
 def main() -> None:
     best, version = compare_arms(__file__, ARMS, ROUNDS, SMOKE)
-    print(
-        f"FSDP2 step (8 Linear(256) blocks + root, 1-rank gloo, 1 thread, torch {version}), fastest of {ROUNDS} rounds x {STEPS} steps, CPU time"
+    print_arms(
+        f"FSDP2 step (8 Linear(256) blocks + root, 1-rank gloo, 1 thread, torch {version}), fastest of {ROUNDS} rounds x {STEPS} steps, CPU time",
+        best,
     )
-    for arm in ARMS:
-        print(f"  {arm:14s}{best[arm] * 1e3:10.3f} ms")
-    for arm in ("fix disabled", "overlay"):
-        print(f"  {arm} / no overlay: {best[arm] / best['no overlay']:.4f}")
-    print("  gradients and parameters bitwise equal in every arm")
 
 
 if __name__ == "__main__":

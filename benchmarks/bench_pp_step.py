@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from _step_arms import arms, compare_arms, instructions
+from _step_arms import arms, compare_arms, instructions, print_arms
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX_ID = "pp-scale-grads-accumulation"
@@ -92,15 +92,11 @@ def _worker() -> None:
 
 def main() -> None:
     best, version = compare_arms(__file__, ARMS, ROUNDS, SMOKE)
-    print(
+    print_arms(
         f"pipeline step (ScheduleGPipe, {N_MICROBATCHES} microbatches, 8 Linear(256) blocks, 1-rank gloo, 1 thread, "
-        f"torch {version}), fastest of {ROUNDS} rounds x {STEPS} steps, CPU time"
+        f"torch {version}), fastest of {ROUNDS} rounds x {STEPS} steps, CPU time",
+        best,
     )
-    for arm in ARMS:
-        print(f"  {arm:14s}{best[arm] * 1e3:10.3f} ms")
-    for arm in ("fix disabled", "overlay"):
-        print(f"  {arm} / no overlay: {best[arm] / best['no overlay']:.4f}")
-    print("  gradients and parameters bitwise equal in every arm")
 
 
 if __name__ == "__main__":
