@@ -46,17 +46,22 @@ def _count(script: str, arm_env: dict[str, str], steps_var: str, steps: int) -> 
 def instructions(
     script: str, arm_envs: dict[str, dict[str, str]], steps_var: str, steps: tuple[int, int], title: str
 ) -> None:
-    """Print the callgrind instructions per step of the arms without and with the overlay."""
+    """Print the callgrind instructions per step of the arms without and with the overlay; with
+    ``--reach`` on the command line, also of the overlay counting reach (``TORCH_OVERLAY_REACH=1``)."""
     short, long = steps
+    envs = {"no overlay": arm_envs["no overlay"], "overlay": arm_envs["overlay"]}
+    if "--reach" in sys.argv[1:]:
+        envs["overlay, reach"] = {**arm_envs["overlay"], "TORCH_OVERLAY_REACH": "1"}
     per_step = {
-        arm: (_count(script, arm_envs[arm], steps_var, long) - _count(script, arm_envs[arm], steps_var, short))
-        / (long - short)
-        for arm in ("no overlay", "overlay")
+        arm: (_count(script, env, steps_var, long) - _count(script, env, steps_var, short)) / (long - short)
+        for arm, env in envs.items()
     }
     print(f"{title}, callgrind instructions per step ({long} - {short} steps, PYTHONHASHSEED=0, 1 thread)")
     for arm, count in per_step.items():
-        print(f"  {arm:14s}{count / 1e6:10.2f} M")
-    print(f"  overlay / no overlay: {per_step['overlay'] / per_step['no overlay']:.4f}")
+        print(f"  {arm:16s}{count / 1e6:10.2f} M")
+    for arm in per_step:
+        if arm != "no overlay":
+            print(f"  {arm} / no overlay: {per_step[arm] / per_step['no overlay']:.4f}")
 
 
 def compare_arms(

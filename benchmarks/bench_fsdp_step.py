@@ -20,7 +20,8 @@ must end with the same gradients, bit for bit, and warn about nothing (a warning
 the worker). `--smoke` runs one round of a few steps: that the benchmark runs and the gradients
 match, not what it measures. `--instructions` counts each step's instructions with callgrind instead
 (without and with the overlay): on a shared machine CPU time moves by +-15% between two processes of
-the same arm, instruction counts do not.
+the same arm, instruction counts do not. `--instructions --reach` adds an arm that counts reach
+(`TORCH_OVERLAY_REACH=1`, engine/reach.py).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ gradients and parameters, bit for bit. `--smoke` runs one round of a few steps: 
 runs and the gradients match, not what it measures. `--instructions` counts each step's
 instructions with callgrind instead (without and with the overlay): on a shared machine CPU time
 moves by +-15% between two processes of the same arm, instruction counts do not.
+`--instructions --reach` adds an arm that counts reach (`TORCH_OVERLAY_REACH=1`, engine/reach.py).
 """
 
 from __future__ import annotations

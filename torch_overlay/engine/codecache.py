@@ -24,7 +24,7 @@ __all__ = ["CodeCache"]
 T = TypeVar("T")
 
 # Part of every key and of the file header: bump it when what callers store changes shape.
-FORMAT = b"torch_overlay code cache 6\n"
+FORMAT = b"torch_overlay code cache 7\n"
 _DIGEST = 32  # sha256 of the key
 _CHECKSUM = 4  # crc32 of the payload
 

@@ -26,20 +26,20 @@ if TYPE_CHECKING:
 
 __all__ = ["ChainedLoader", "ImportHook", "PatchedSourceFileLoader"]
 
-Provider = Callable[[ModuleType], "tuple[CodeType, str] | None"]  # code and its source text
+Provider = Callable[[ModuleType], "tuple[CodeType, Callable[[], str]] | None"]  # code, and what gives its text
 Fallback = Callable[[ModuleType, BaseException], bool]
 
 
 class PatchedSourceFileLoader(SourceFileLoader):
     """A module's own file loader, except that ``get_source`` gives the replaced code's text."""
 
-    def __init__(self, fullname: str, path: str, text: str) -> None:
+    def __init__(self, fullname: str, path: str, text: Callable[[], str]) -> None:
         super().__init__(fullname, path)
         self.text = text
 
     def get_source(self, fullname: str | None = None) -> str | None:
         if fullname is None or fullname == self.name:
-            return self.text
+            return self.text()
         return super().get_source(fullname)
 
 
@@ -47,7 +47,7 @@ class ChainedLoader:
     def __init__(self, loader: Any, hook: ImportHook) -> None:
         self.loader = loader
         self._hook = hook
-        self._source: tuple[str, str] | None = None  # (module name, text) of the replaced code
+        self._source: tuple[str, Callable[[], str]] | None = None  # (module name, its text) of the replaced code
 
     def __getattr__(self, name: str) -> Any:
         # get_filename, is_package, get_resource_reader...: the original loader's.
@@ -55,7 +55,7 @@ class ChainedLoader:
 
     def get_source(self, fullname: str) -> str | None:
         if self._source is not None and self._source[0] == fullname:
-            return self._source[1]
+            return self._source[1]()
         return self.loader.get_source(fullname)
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:

@@ -28,14 +28,20 @@ class ModuleCode:
         code: types.CodeType,
         changed: dict[str, list[str]],  # patch id -> qualnames its hunks touch (MODULE_LEVEL outside defs)
         filename: str,
-        text: str,
+        lines: list[str],  # the patched text, as linecache holds it (kept split: splitting is the cost)
+        size: int,  # len() of that text
         key: str = "",  # its entry in the code cache
     ) -> None:
         self.code = code
         self.changed = changed
         self.filename = filename
-        self.text = text
+        self.lines = lines
+        self.size = size
         self.key = key
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
 
     def __repr__(self) -> str:
         return f"ModuleCode({self.filename!r}, changed={self.changed!r}, key={self.key!r})"
@@ -46,10 +52,11 @@ class ModuleCode:
         Under the code's own file name, and under the installed file's name, which ``inspect``
         uses for the module itself. mtime None: ``linecache.checkcache`` keeps the entries. After a
         ``linecache.clearcache()`` (inductor calls it) the module's loader gives the text again.
+        The lines come split from the code cache: splitting a module as large as distributed_c10d.py
+        at every ``import torch`` cost twice as many instructions as unmarshalling its lines.
         """
-        lines = self.text.splitlines(True)
         for name in (self.filename, self.filename.removesuffix(TAG)):
-            linecache.cache[name] = (len(self.text), None, lines, name)
+            linecache.cache[name] = (self.size, None, self.lines, name)
 
     def patched_codes(self) -> list[types.CodeType]:
         """The code objects (functions, methods, classes) some patch changed."""
@@ -123,7 +130,7 @@ def _changed_qualnames(before: str, after: str, tree: ast.Module) -> list[str]:
 
 def _build(
     module_name: str, filename: str, base: str, steps: list[tuple[str, str]]
-) -> tuple[types.CodeType, dict, str]:
+) -> tuple[types.CodeType, dict, list[str], int]:
     changed: dict[str, list[str]] = {}
     before = base
     tree = None
@@ -134,17 +141,19 @@ def _build(
         ]
         before = text
     assert tree is not None
-    return compile(tree, filename, "exec", dont_inherit=True), changed, steps[-1][1]
+    text = steps[-1][1]
+    return compile(tree, filename, "exec", dont_inherit=True), changed, text.splitlines(True), len(text)
 
 
 def _is_module_code(value: object) -> bool:
     return (
         isinstance(value, tuple)
-        and len(value) == 3
+        and len(value) == 4
         and isinstance(value[0], types.CodeType)
         and isinstance(value[1], dict)
         and all(isinstance(k, str) and isinstance(v, list) for k, v in value[1].items())
-        and isinstance(value[2], str)
+        and isinstance(value[2], list)
+        and isinstance(value[3], int)
     )
 
 
@@ -166,8 +175,8 @@ def compile_module(
         ("module", sys.version, module_name, filename, digest(base), *(f"{p}:{digest(t)}" for p, t in steps))
     )
     build = lambda: _build(module_name, filename, base, steps)  # noqa: E731
-    code, changed, text = cache.load_or_build(key, build, _compiled_for(filename, [p for p, _ in steps]))
-    return ModuleCode(code, changed, filename, text, key)
+    code, changed, lines, size = cache.load_or_build(key, build, _compiled_for(filename, [p for p, _ in steps]))
+    return ModuleCode(code, changed, filename, lines, size, key)
 
 
 def _compiled_for(filename: str, pids: list[str]) -> Callable[[object], bool]:
@@ -194,5 +203,5 @@ def load_module_code(cache: CodeCache, key: str, file: Path) -> ModuleCode | Non
     found = cache.load(key, _compiled_for(filename, pids))
     if found is None:
         return None
-    code, changed, text = found[0]
-    return ModuleCode(code, changed, filename, text, key)
+    code, changed, lines, size = found[0]
+    return ModuleCode(code, changed, filename, lines, size, key)

@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import types
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any, TYPE_CHECKING
 
 from .._config import Config, load_config, unknown_ids_problem
@@ -205,8 +205,8 @@ class Overlay:
         self._set(entry, PatchState.APPLIED, f"{name}: {', '.join(dict.fromkeys(changed)) or 'new definitions'}")
 
     # ----------------------------------------------------------- import hook
-    def _provide(self, module: types.ModuleType) -> tuple[types.CodeType, str] | None:
-        """The code ``module`` runs and its text: its patched source, or None for its own."""
+    def _provide(self, module: types.ModuleType) -> tuple[types.CodeType, Callable[[], str]] | None:
+        """The code ``module`` runs and what gives its text (its patched source), or None for its own."""
         name = module.__name__
         with self._lock:
             component = self._by_module.get(name)
@@ -232,7 +232,8 @@ class Overlay:
             plan.code.register_source()
             if self.reach is not None:
                 self.reach.watch_module(plan.code)
-            return plan.code.code, plan.code.text
+            code = plan.code
+            return code.code, lambda: code.text
 
     def _on_imported(self, name: str) -> None:
         """After a watched module executed: record which patches it now runs."""
