@@ -266,6 +266,17 @@ def test_a_guess_only_where_the_text_points_at_the_part_of_torch_with_the_bug():
     guess = "torch.compile of the model fails:\nZeroDivisionError: division by zero\n"
     assert named(guess) == [("inductor-cpp-unbacked-parallel-depth", "possibly")]
 
+    # An SDPA op without a sharding strategy is a context-parallel bug only where the text speaks of
+    # CP: tensor parallelism with another attention backend prints the same message.
+    sdpa = (
+        "NotImplementedError: Operator aten._scaled_dot_product_flash_attention.default "
+        "does not have a sharding strategy registered.\n"
+    )
+    assert named(f"a tensor-parallel attention test fails:\n{sdpa}") == []
+    assert named(f"the step inside context_parallel() fails:\n{sdpa}") == [
+        ("context-parallel-exit-on-exception", "possibly")
+    ]
+
 
 # DTensor's C++ dispatch fast path words the mixed-tensor error without the colon its Python path
 # puts after the op (2.13.0, transformers' own TP with clip_grad_norm_, tests/recipes/).

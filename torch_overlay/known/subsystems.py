@@ -16,6 +16,9 @@ _PARTS = {
     "compile": r"compile|[Dd]ynamo|[Ii]nductor|_functorch|aot_autograd|AOTAutograd|aot_eager|AOT|FakeTensor|"
     r"torch[/.]fx|graph break|unbacked|SymInt|torch[/.]_subclasses|autograd\.Function",
     "pipelining": r"pipelining|PipelineStage|PipelineSchedule|Schedule(?:1F1B|GPipe|Interleaved)",
+    # Context parallelism swaps SDPA for its own sharded attention: an SDPA op without a sharding strategy is
+    # a CP bug only where the text speaks of CP.
+    "context-parallel": r"context_parallel|[Cc]ontext[ -][Pp]arallel|\[CP\]|\bCP\b",
     "dcp": r"distributed[/.]checkpoint|ChunkStorageMetadata|global plan|\bDCP\b|\bdcp\b|state_dict|safetensors|"
     r"optim_state",
     "checkpoint": r"utils[/.]checkpoint|CheckpointError|activation checkpoint|recompute|\bSAC\b|checkpoint_wrapper",
