@@ -136,5 +136,50 @@ class TestDtensorNormPartialBackward(DTensorTestBase):
 TestDtensorNormPartialBackwardWithLocalTensor = create_local_tensor_test_class(TestDtensorNormPartialBackward)
 
 
+class TestDtensorRmsNormShardedDim(DTensorTestBase):
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    @with_comms
+    def test_rms_norm_sharded_normalized_dim(self):
+        mesh = self.build_device_mesh()
+        torch.manual_seed(0)
+        full = torch.randn(2, 3, 8, device=self.device_type)
+        weight = torch.randn(8, device=self.device_type)
+        x = full.clone().requires_grad_()
+        w = weight.clone().requires_grad_()
+        ref = torch.nn.functional.rms_norm(x, (8,), w, eps=1e-6)
+        ref.pow(2).sum().backward()
+        for shard_dim in (1, 2):
+            dx = distribute_tensor(full, mesh, [Shard(shard_dim)]).requires_grad_()
+            dw = distribute_tensor(weight, mesh, [Replicate()]).requires_grad_()
+            out = torch.nn.functional.rms_norm(dx, (8,), dw, eps=1e-6)
+            self.assertEqual(out.full_tensor(), ref)
+            out.pow(2).sum().backward()
+            self.assertEqual(dx.grad.full_tensor(), x.grad)
+            self.assertEqual(dw.grad.full_tensor(), w.grad)
+
+    @with_comms
+    def test_add_scalar_keeps_partial_avg(self):
+        mesh = self.build_device_mesh()
+        full = torch.randn(4, 6, device=self.device_type)
+        for reduce_op, placement in [("avg", Partial("avg")), ("sum", Replicate())]:
+            dx = DTensor.from_local(full, mesh, [Partial(reduce_op)], run_check=False)
+            expected = dx.full_tensor()
+            out = torch.ops.aten.add.Scalar(dx, 0.5)
+            self.assertEqual(out.placements, (placement,))
+            self.assertEqual(out.full_tensor(), expected + 0.5)
+            out = torch.ops.aten.sub.Scalar(dx, 0.5)
+            self.assertEqual(out.full_tensor(), expected - 0.5)
+        dx = DTensor.from_local(full, mesh, [Partial("avg")], run_check=False)
+        dx.add_(1e-6)
+        self.assertEqual(dx.placements, (Partial("avg"),))
+        self.assertEqual(dx.full_tensor(), full + 1e-6)
+
+
+TestDtensorRmsNormShardedDimWithLocalTensor = create_local_tensor_test_class(TestDtensorRmsNormShardedDim)
+
+
 if __name__ == "__main__":
     run_tests()
