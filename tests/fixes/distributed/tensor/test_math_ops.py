@@ -173,7 +173,7 @@ class TestDtensorRmsNormShardedDim(DTensorTestBase):
             out = torch.ops.aten.sub.Scalar(dx, 0.5)
             self.assertEqual(out.full_tensor(), expected - 0.5)
         dx = DTensor.from_local(full, mesh, [Partial("avg")], run_check=False)
-        dx.add_(1e-6)
+        torch.ops.aten.add_.Scalar(dx, 1e-6)
         self.assertEqual(dx.placements, (Partial("avg"),))
         self.assertEqual(dx.full_tensor(), full + 1e-6)
 
