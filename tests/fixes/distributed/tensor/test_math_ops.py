@@ -2,7 +2,7 @@
 import torch_overlay  # noqa: F401  # torch_overlay: plumbing
 
 import torch
-from torch.distributed.tensor import distribute_tensor, DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import DeviceMesh, distribute_tensor, DTensor, Partial, Replicate, Shard
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     create_local_tensor_test_class,
@@ -89,7 +89,8 @@ TestDtensorIsAnyTrueStrategyWithLocalTensor = create_local_tensor_test_class(
     skipped_tests=["test_detect_anomaly_finds_nan_in_its_shard"],
 )
 
-def _partial_of(full: torch.Tensor, mesh) -> DTensor:
+
+def _partial_of(full: torch.Tensor, mesh: DeviceMesh) -> DTensor:
     # each rank holds an equal part (exact for a power-of-two world size)
     return DTensor.from_local(full / mesh.size(), mesh, [Partial()], run_check=False)
 
