@@ -2,7 +2,7 @@
 import torch_overlay  # noqa: F401  # torch_overlay: plumbing
 
 import torch
-from torch.distributed.tensor import distribute_tensor, Replicate, Shard
+from torch.distributed.tensor import DeviceMesh, distribute_tensor, DTensor, Partial, Replicate, Shard
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     create_local_tensor_test_class,
@@ -88,6 +88,99 @@ TestDtensorIsAnyTrueStrategyWithLocalTensor = create_local_tensor_test_class(
     TestDtensorIsAnyTrueStrategy,
     skipped_tests=["test_detect_anomaly_finds_nan_in_its_shard"],
 )
+
+
+def _partial_of(full: torch.Tensor, mesh: DeviceMesh) -> DTensor:
+    # each rank holds an equal part (exact for a power-of-two world size)
+    return DTensor.from_local(full / mesh.size(), mesh, [Partial()], run_check=False)
+
+
+class TestDtensorNormPartialBackward(DTensorTestBase):
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    @with_comms
+    def test_vector_norm_partial_backward(self):
+        mesh = self.build_device_mesh()
+        torch.manual_seed(0)
+        full = torch.randn(4, 6, device=self.device_type)
+        full[1] = 0  # a zero norm along dim 1 takes the masked branch of the backward
+        for ord, dim in [(2, None), (2, 1), (3, None), (3, 1), (0.5, 1), (1, None)]:
+            x = full.clone().requires_grad_()
+            torch.linalg.vector_norm(x, ord, dim).sum().backward()
+            dx = _partial_of(full, mesh)
+            dx = dx.detach().requires_grad_()
+            out = torch.linalg.vector_norm(dx, ord, dim)
+            self.assertEqual(out.full_tensor(), torch.linalg.vector_norm(full, ord, dim))
+            out.sum().backward()
+            self.assertEqual(dx.grad.full_tensor(), x.grad)
+
+    @with_comms
+    def test_masked_fill_zero_keeps_partial(self):
+        mesh = self.build_device_mesh()
+        torch.manual_seed(0)
+        full = torch.randn(4, 6, device=self.device_type)
+        mask = full > 0.5
+        dmask = distribute_tensor(mask, mesh, [Replicate()])
+        dx = _partial_of(full, mesh)
+        for value, placement in [(0, Partial()), (1.5, Replicate())]:
+            out = dx.masked_fill(dmask, value)
+            self.assertEqual(out.placements, (placement,))
+            self.assertEqual(out.full_tensor(), full.masked_fill(mask, value))
+        # in place, which a Partial self allows only when it stays Partial
+        dx.masked_fill_(dmask, 0)
+        self.assertEqual(dx.placements, (Partial(),))
+        self.assertEqual(dx.full_tensor(), full.masked_fill(mask, 0))
+
+
+TestDtensorNormPartialBackwardWithLocalTensor = create_local_tensor_test_class(TestDtensorNormPartialBackward)
+
+
+class TestDtensorRmsNormShardedDim(DTensorTestBase):
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    @with_comms
+    def test_rms_norm_sharded_normalized_dim(self):
+        mesh = self.build_device_mesh()
+        torch.manual_seed(0)
+        full = torch.randn(2, 3, 8, device=self.device_type)
+        weight = torch.randn(8, device=self.device_type)
+        x = full.clone().requires_grad_()
+        w = weight.clone().requires_grad_()
+        ref = torch.nn.functional.rms_norm(x, (8,), w, eps=1e-6)
+        ref.pow(2).sum().backward()
+        for shard_dim in (1, 2):
+            dx = distribute_tensor(full, mesh, [Shard(shard_dim)]).requires_grad_()
+            dw = distribute_tensor(weight, mesh, [Replicate()]).requires_grad_()
+            out = torch.nn.functional.rms_norm(dx, (8,), dw, eps=1e-6)
+            self.assertEqual(out.full_tensor(), ref)
+            out.pow(2).sum().backward()
+            self.assertEqual(dx.grad.full_tensor(), x.grad)
+            self.assertEqual(dw.grad.full_tensor(), w.grad)
+
+    @with_comms
+    def test_add_scalar_keeps_partial_avg(self):
+        mesh = self.build_device_mesh()
+        full = torch.randn(4, 6, device=self.device_type)
+        for reduce_op, placement in [("avg", Partial("avg")), ("sum", Replicate())]:
+            dx = DTensor.from_local(full, mesh, [Partial(reduce_op)], run_check=False)
+            expected = dx.full_tensor()
+            out = torch.ops.aten.add.Scalar(dx, 0.5)
+            self.assertEqual(out.placements, (placement,))
+            self.assertEqual(out.full_tensor(), expected + 0.5)
+            out = torch.ops.aten.sub.Scalar(dx, 0.5)
+            self.assertEqual(out.full_tensor(), expected - 0.5)
+        dx = DTensor.from_local(full, mesh, [Partial("avg")], run_check=False)
+        torch.ops.aten.add_.Scalar(dx, 1e-6)
+        self.assertEqual(dx.placements, (Partial("avg"),))
+        self.assertEqual(dx.full_tensor(), full + 1e-6)
+
+
+TestDtensorRmsNormShardedDimWithLocalTensor = create_local_tensor_test_class(TestDtensorRmsNormShardedDim)
+
 
 if __name__ == "__main__":
     run_tests()
