@@ -126,5 +126,43 @@ class TestSacIgnoreRuntimeOpsSingleProcess(TestCase):
         self.assertEqual(grads, ref_grads)
 
 
+class TestFsdpJvp(DTensorTestBase):
+    """
+    ``torch.func.jvp`` with input tangents through a ``fully_shard`` model,
+    then a backward of a loss built from the output and the tangent
+    (MeanFlow / consistency training).
+    """
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    @with_comms
+    def test_jvp_then_backward(self) -> None:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4)).to(self.device_type)
+        ref_model = copy.deepcopy(model)
+        mesh = init_device_mesh(self.device_type, (self.world_size,))
+        fully_shard(model[0], mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+        torch.manual_seed(1 + self.rank)
+        x = torch.randn(3, 8, device=self.device_type)
+        v = torch.randn(3, 8, device=self.device_type)
+        for _ in range(2):
+            out, tangent = torch.func.jvp(model, (x,), (v,))
+            ref_out, ref_tangent = torch.func.jvp(ref_model, (x,), (v,))
+            self.assertEqual(out, ref_out)
+            self.assertEqual(tangent, ref_tangent)
+            ((out - tangent.detach()) ** 2).sum().backward()
+            ((ref_out - ref_tangent.detach()) ** 2).sum().backward()
+
+        for name, ref_param in ref_model.named_parameters():
+            grad = ref_param.grad.contiguous()
+            dist.all_reduce(grad)
+            grad.div_(self.world_size)
+            self.assertEqual(model.get_parameter(name).grad.full_tensor(), grad, msg=name)
+
+
 if __name__ == "__main__":
     run_tests()

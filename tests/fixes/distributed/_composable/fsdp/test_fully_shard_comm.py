@@ -20,7 +20,7 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
     with_comms,
 )
 
-from tests.fixes._torch_gates import skip_before
+from tests.fixes._torch_gates import before, skip_before
 
 
 class _FakeGroup:
@@ -111,6 +111,46 @@ class TestFsdpGlooGradientDivideFactorOps(TestCase):
             _get_gradient_divide_factors(_FakeGroup(4), None, torch.float32, "cpu", 4.0),
             (None, None, dist.ReduceOp.AVG, dist.ReduceOp.SUM),
         )
+
+
+class _FakeNcclGroup(_FakeGroup):
+    """A process group of the given size whose backend is NCCL."""
+
+    def _get_backend_name(self) -> str:
+        return "nccl"
+
+
+class TestNcclBf16PremulSumZero(TestCase):
+    """
+    A custom gradient divide factor with bf16 gradients reduce-scattered on
+    NCCL, whose bf16 ``PREMUL_SUM`` reads a host factor of a power of two as 0.
+    """
+
+    def test_bf16_sums_then_divides(self) -> None:
+        for factor in (4.0, 8.0, 3.0):
+            factors = _get_gradient_divide_factors(_FakeNcclGroup(2), None, torch.bfloat16, "cuda", factor)
+            if before("2.14"):
+                self.assertEqual(factors, (None, factor, dist.ReduceOp.SUM, dist.ReduceOp.SUM))
+            else:
+                self.assertEqual(factors[:2], (None, None))
+                self.assertTrue(factors[2] == dist.ReduceOp.PREMUL_SUM)
+
+    def test_bf16_with_all_reduce_group_sums_then_divides(self) -> None:
+        factors = _get_gradient_divide_factors(_FakeNcclGroup(2), _FakeNcclGroup(2), torch.bfloat16, "cuda", 8.0)
+        if before("2.14"):
+            self.assertEqual(factors, (None, 8.0, dist.ReduceOp.SUM, dist.ReduceOp.SUM))
+        else:
+            self.assertTrue(factors[2] == dist.ReduceOp.PREMUL_SUM)
+
+    def test_fp32_keeps_premul_sum(self) -> None:
+        factors = _get_gradient_divide_factors(_FakeNcclGroup(2), None, torch.float32, "cuda", 4.0)
+        self.assertEqual(factors[:2], (None, None))
+        self.assertTrue(factors[2] == dist.ReduceOp.PREMUL_SUM)
+
+    def test_bf16_default_and_world_size_factor_average(self) -> None:
+        for factor in (None, 2.0):
+            factors = _get_gradient_divide_factors(_FakeNcclGroup(2), None, torch.bfloat16, "cuda", factor)
+            self.assertEqual(factors[:3], (None, None, dist.ReduceOp.AVG))
 
 
 class _ChunkedLossLM(nn.Module):
