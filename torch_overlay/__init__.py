@@ -12,7 +12,7 @@ from typing import Any
 
 from ._state import Mode, OverlayError, OverlayWarning, PatchState, PatchStatus, Target
 from ._version import __version__
-from .engine.overlay import Overlay
+from .engine.overlay import process_overlay
 from .known.hint import install as _install_hint
 from .launch.env import inherit
 
@@ -39,13 +39,11 @@ __all__ = [
     "status",
 ]
 
-_overlay = Overlay()
+_overlay = process_overlay()
 _overlay.activate()
 # TORCH_OVERLAY_REACH=1: how often each fix's changed functions run (engine/reach.py; nothing when off).
 if _overlay.config.enabled and _overlay.config.reach:
-    from .engine.reach import Reach as _Reach
-
-    _overlay.reach = _Reach(_overlay._roster.made).watch_live(_overlay._roster.components)
+    _overlay.count_reach()
 # Under TORCH_OVERLAY_STRICT=1 the warnings that the series adds to torch's code raise too.
 if _overlay.config.enabled and _overlay.config.strict:
     from .engine.strict_warnings import install as _raise_patch_warnings
