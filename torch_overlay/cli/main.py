@@ -234,9 +234,9 @@ def closing_count(verdicts: list) -> str:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .explain import cmd_explain as explain
+    from .explain import run_explain
 
-    return explain(args, Path(process_overlay().config.patches_dir))
+    return run_explain(args, Path(process_overlay().config.patches_dir))
 
 
 def main_run() -> int:

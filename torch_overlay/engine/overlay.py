@@ -33,7 +33,7 @@ from .other_torch import left_to_another_torch
 from .series_index import folder_key, indexed_series_and_key
 from .job_lines import JobVoice, LATE, late_warning, summary_line
 from .roster import Roster
-from .voice import says, warn
+from .once_per_job import says, warn
 
 if TYPE_CHECKING:
     from .codecache import CodeCache
@@ -59,7 +59,7 @@ class Overlay:
         self._activated = False
         self._summary_logged = False
         # The job's lines (which torch and fixes, then which were applied): the process's own
-        # overlay only, said by one process of a job (engine/voice.py); the CLI turns them off.
+        # overlay only, said by one process of a job (engine/once_per_job.py); the CLI turns them off.
         self.job = JobVoice(
             self._environ,
             self.config.enabled and not self.config.quiet,
