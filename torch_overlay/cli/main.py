@@ -14,7 +14,7 @@ from pathlib import Path
 import torch_overlay
 
 from .report import format_late_imports, format_status, status_summary, to_json, wrap
-from .verify import format_verdicts, needed_ids, verify
+from .verify import format_verdicts, Kind, needed_ids, verify
 from .._version import __version__
 from ..engine.overlay import process_overlay
 from ..series.versions import torch_version
@@ -216,17 +216,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
             )
         print(closing_count(verdicts))
     # A fix whose tests all skipped here is reported, not failed: nothing showed it broken.
-    broken = [v for v in verdicts if v.verdict.startswith(("NOT FIXED", "REGRESSION", "could not run the"))]
+    broken = [v for v in verdicts if v.kind in Kind.FAILING]
     return 1 if broken else 0
 
 
 def closing_count(verdicts: list) -> str:
     """``28/28 fixed``, or ``26/28 fixed; 1 NOT FIXED, 1 not needed on this torch``: the table in a line."""
-    fixed = [v for v in verdicts if v.verdict.startswith("bug present without, fixed with")]
+    fixed = [v for v in verdicts if v.kind == Kind.FIXED]
     others: dict[str, int] = {}
     for v in verdicts:
-        if v not in fixed:
-            label = v.verdict.split(":")[0].split(" (")[0]
+        if v.kind != Kind.FIXED:
+            label = Kind.LABELS[v.kind]
             others[label] = others.get(label, 0) + 1
     rest = ", ".join(f"{n} {label}" for label, n in others.items())
     count = f"{len(fixed)}/{len(verdicts)} fixed (bug present without the overlay, fixed with it)"

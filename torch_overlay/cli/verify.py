@@ -36,21 +36,47 @@ __all__ = [
     "Verdict",
     "format_verdicts",
     "judge",
+    "Kind",
     "needed_ids",
     "reproducer",
     "selected_classes",
     "verify",
 ]
 
+
+class Kind:
+    """A verdict's kind (``Verdict.kind``, ``kind`` in ``verify --json``): what ``verify``'s exit
+    status, its closing count and the matrix act on; the verdict's text is for people."""
+
+    FIXED = "fixed"
+    NOT_NEEDED = "not-needed"
+    NOT_FIXED = "not-fixed"
+    REGRESSION = "regression"
+    NOT_RUN = "not-run"  # the reproducer's run broke
+    ALL_SKIPPED = "all-skipped"
+    NO_TEST = "no-test"
+    FAILING = frozenset({NOT_FIXED, REGRESSION, NOT_RUN})  # what makes `verify` exit 1
+    # Each kind in a few words, for the closing count.
+    LABELS = {
+        NOT_NEEDED: "not needed on this torch",
+        NOT_FIXED: "NOT FIXED",
+        REGRESSION: "REGRESSION",
+        NOT_RUN: "could not run the reproducer",
+        ALL_SKIPPED: "could not run here",
+        NO_TEST: "no reproducer test found",
+    }
+
+
+# (passes without the overlay, passes with it) -> the verdict's kind and its text.
 VERDICTS = {
-    (False, True): "bug present without, fixed with the overlay",
-    (True, True): "not needed on this torch (passes without the overlay)",
-    (False, False): "NOT FIXED: the reproducer fails with the overlay",
-    (True, False): "REGRESSION: passes without the overlay, fails with it",
+    (False, True): (Kind.FIXED, "bug present without, fixed with the overlay"),
+    (True, True): (Kind.NOT_NEEDED, "not needed on this torch (passes without the overlay)"),
+    (False, False): (Kind.NOT_FIXED, "NOT FIXED: the reproducer fails with the overlay"),
+    (True, False): (Kind.REGRESSION, "REGRESSION: passes without the overlay, fails with it"),
 }
 SIDES = ("without", "with")
 # The line our pytest plugin prints when a test ends (its subtests counted), and its words as
-# Run outcome states: what a test's line says before the JUnit report is written.
+# RunOutcome states: what a test's line says before the JUnit report is written.
 _RESULT_LINE = re.compile(rf"^{re.escape(MARK)} (PASSED|FAILED|ERROR|SKIPPED) (\S+::\S+)")
 _WORDS = {"PASSED": "pass", "FAILED": "fail", "ERROR": "error", "SKIPPED": "skipped"}
 _HEARTBEAT_S = 30.0
@@ -83,6 +109,7 @@ class Verdict:
     test: str
     without: str  # a RunOutcome state, or "-" when there is no reproducer
     with_: str
+    kind: str  # a Kind
     verdict: str
     seconds: float
     symptom: str = ""
@@ -94,6 +121,7 @@ class Verdict:
             "test": self.test,
             "without_overlay": self.without,
             "with_overlay": self.with_,
+            "kind": self.kind,
             "verdict": self.verdict,
             "seconds": round(self.seconds, 1),
             "symptom": self.symptom,
@@ -142,14 +170,15 @@ def needed_ids(patches: list[Patch]) -> set[str]:
     return {step.patch.id for step in plan.steps if step.state == PatchState.APPLIED}
 
 
-def judge(without: RunOutcome, with_: RunOutcome) -> str:
-    """The verdict for one fix; a run that broke or skipped everything proves nothing either way."""
+def judge(without: RunOutcome, with_: RunOutcome) -> tuple[str, str]:
+    """The verdict for one fix, its kind and its text; a run that broke or skipped everything proves
+    nothing either way."""
     broken = next((o for o in (without, with_) if o.state == "error"), None)
     if broken:
-        return f"could not run the reproducer ({broken.detail})"
+        return Kind.NOT_RUN, f"could not run the reproducer ({broken.detail})"
     skipped = next((o for o in (without, with_) if o.state == "skipped"), None)
     if skipped:
-        return f"could not run here: every test was skipped ({skipped.detail})"
+        return Kind.ALL_SKIPPED, f"could not run here: every test was skipped ({skipped.detail})"
     return VERDICTS[(without.state == "pass", with_.state == "pass")]
 
 
@@ -354,7 +383,7 @@ def verify(
             if len(results[rid]) == 2 and rid not in announced:
                 announced.add(rid)
                 done = len(announced)
-                verdict = judge(results[rid]["without"], results[rid]["with"])
+                _, verdict = judge(results[rid]["without"], results[rid]["with"])
                 stamp(f"{rid}: {verdict} ({done}/{len(found)} done{left()})")
 
     def on_test(run: _Run, node: str, word: str) -> None:
@@ -409,7 +438,7 @@ def verify(
     for patch in patches:
         rep = reps[patch.id]
         if rep is None:
-            verdicts.append(Verdict(patch.id, "", "-", "-", "no reproducer test found", 0.0))
+            verdicts.append(Verdict(patch.id, "", "-", "-", Kind.NO_TEST, "no reproducer test found", 0.0))
             continue
         without, with_ = results[rep.id]["without"], results[rep.id]["with"]
         details = {side: o.detail for side, o in (("without", without), ("with", with_)) if o.detail}
@@ -419,7 +448,7 @@ def verify(
                 rep.label,
                 without.state,
                 with_.state,
-                judge(without, with_),
+                *judge(without, with_),
                 seconds.get(rep.id, 0.0),
                 rep.symptom,
                 details,
