@@ -2,17 +2,19 @@
 
 ``import torch_overlay`` (before torch's internals are imported) reads ``patches/series``; each
 module a patch changes then executes its patched source when it is first imported. Nothing heavy is
-imported here. See ``python -m torch_overlay status``.
+imported here. See ``python -m torch_overlay status``. The CLI's own processes activate the overlay
+only for the verbs that report on it: ``explain`` and the build tools read the series as data.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from ._state import Mode, OverlayError, OverlayWarning, PatchState, PatchStatus, Target
 from ._version import __version__
-from .engine.overlay import Overlay
+from .engine.overlay import process_overlay
 from .known.hint import install as _install_hint
 from .launch.env import inherit
 
@@ -39,26 +41,47 @@ __all__ = [
     "status",
 ]
 
-_overlay = Overlay()
-_overlay.activate()
-# TORCH_OVERLAY_REACH=1: how often each fix's changed functions run (engine/reach.py; nothing when off).
-if _overlay.config.enabled and _overlay.config.reach:
-    from .engine.reach import Reach as _Reach
+# The verbs of `python -m torch_overlay` (and `torch-overlay`) that need the overlay active in their
+# own process; `run` is the launcher. The others, and `python -m torch_overlay.tools`, read data only.
+_CLI_VERBS_WITH_OVERLAY = ("status", "warm", "verify", "run")
 
-    _overlay.reach = _Reach(_overlay._roster.made).watch_live(_overlay._roster.components)
-# Under TORCH_OVERLAY_STRICT=1 the warnings that the series adds to torch's code raise too.
-if _overlay.config.enabled and _overlay.config.strict:
-    from .engine.strict_warnings import install as _raise_patch_warnings
 
-    _raise_patch_warnings()
-# After a traceback, one line when the error is a known bug whose fix is not active here.
-_install_hint(_overlay)
-# Python processes started from here on import the overlay first, with this process's switches.
-if _overlay.config.enabled and _overlay.config.children and not inherit(os.environ):
-    _overlay.report_problem(
-        "the package lacks its bootstrap folder (launch/_bootstrap/sitecustomize.py): child processes "
-        "started from here (mp.spawn, DataLoader workers) run without the overlay; reinstall torch_overlay"
-    )
+def _activates() -> bool:
+    """True but in a process of the CLI or the build tools whose verb needs no overlay (what the
+    command line names, read before that command's module runs); a training job always activates."""
+    argv = getattr(sys, "argv", None) or [""]
+    orig = getattr(sys, "orig_argv", [])
+    if argv[0] == "-m" and len(orig) >= len(argv):
+        # `python -m X ARGS` imports X's packages while argv is ["-m", *ARGS]: X comes just before ARGS.
+        main = orig[len(orig) - len(argv)].removeprefix("-m")
+    elif os.path.basename(argv[0]) == "torch-overlay":  # the console script
+        main = "torch_overlay"
+    else:
+        return True
+    if main in ("torch_overlay", "torch_overlay.__main__", "torch_overlay.cli.main"):
+        return len(argv) > 1 and argv[1] in _CLI_VERBS_WITH_OVERLAY
+    return main != "torch_overlay.tools" and not main.startswith("torch_overlay.tools.")
+
+
+_overlay = process_overlay()
+if _activates():
+    _overlay.activate()
+    # TORCH_OVERLAY_REACH=1: how often each fix's changed functions run (engine/reach.py; nothing when off).
+    if _overlay.config.enabled and _overlay.config.reach:
+        _overlay.count_reach()
+    # Under TORCH_OVERLAY_STRICT=1 the warnings that the series adds to torch's code raise too.
+    if _overlay.config.enabled and _overlay.config.strict:
+        from .engine.strict_warnings import install as _raise_patch_warnings
+
+        _raise_patch_warnings()
+    # After a traceback, one line when the error is a known bug whose fix is not active here.
+    _install_hint(_overlay)
+    # Python processes started from here on import the overlay first, with this process's switches.
+    if _overlay.config.enabled and _overlay.config.children and not inherit(os.environ):
+        _overlay.report_problem(
+            "the package lacks its bootstrap folder (launch/_bootstrap/sitecustomize.py): child processes "
+            "started from here (mp.spawn, DataLoader workers) run without the overlay; reinstall torch_overlay"
+        )
 
 
 def status() -> list[PatchStatus]:

@@ -24,7 +24,7 @@ _FALSE = ("0", "false", "no", "off")
 _ACCEPTED = f"{'/'.join(_TRUE)} or {'/'.join(_FALSE)} (any case)"
 _CHECK_RANKS_MODES = ("warn", "fail")
 
-# What the processes of a job already warned about (see engine/voice.py): set by the overlay itself.
+# What the processes of a job already warned about (see engine/once_per_job.py): set by the overlay itself.
 REPORTED = "TORCH_OVERLAY_REPORTED"
 # The switches a user sets; any other TORCH_OVERLAY_* variable is warned about as a likely typo.
 SWITCHES = (
@@ -112,7 +112,7 @@ class Config:
         cache_dir: Path | None = None,  # None: default_cache_dir(os.environ)
         # One message per switch whose value was not understood (and what was done instead), and per
         # TORCH_OVERLAY_* variable that is no switch. load_config does not warn: the engine reports
-        # them once per job (engine/voice.py), or raises under strict.
+        # them once per job (engine/once_per_job.py), or raises under strict.
         problems: tuple[str, ...] = (),
     ) -> None:
         self.__dict__.update(

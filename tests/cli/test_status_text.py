@@ -146,9 +146,9 @@ def test_verify_ends_with_a_closing_count():
     from torch_overlay.cli.main import closing_count
     from torch_overlay.cli.verify import VERDICTS
 
-    fixed = SimpleNamespace(verdict=VERDICTS[(False, True)])
+    fixed = SimpleNamespace(kind=VERDICTS[(False, True)][0])
     assert closing_count([fixed] * 28) == "28/28 fixed (bug present without the overlay, fixed with it)"
-    mixed = [fixed, SimpleNamespace(verdict=VERDICTS[(False, False)]), SimpleNamespace(verdict=VERDICTS[(True, True)])]
+    mixed = [fixed, SimpleNamespace(kind=VERDICTS[(False, False)][0]), SimpleNamespace(kind=VERDICTS[(True, True)][0])]
     assert closing_count(mixed) == (
         "1/3 fixed (bug present without the overlay, fixed with it); 1 NOT FIXED, 1 not needed on this torch"
     )

@@ -90,6 +90,7 @@ def test_a_fix_whose_tests_were_all_skipped_could_not_run_here(tmp_path):
     rc, verdicts, err = _verify(tmp_path)
     assert verdicts["gpu"]["without_overlay"] == verdicts["gpu"]["with_overlay"] == "skipped", err
     assert verdicts["gpu"]["verdict"] == "could not run here: every test was skipped (needs a GPU)"
+    assert verdicts["gpu"]["kind"] == "all-skipped"
     assert rc == 0  # reported, not failed
 
 
@@ -111,6 +112,7 @@ def test_quick_runs_one_test_per_fix_in_one_process_each_way(tmp_path):
     assert verdicts["flag"]["symptom"] == "the flag is off"
     assert "AssertionError" in verdicts["flag"]["details"]["without"]
     assert verdicts["fine"]["verdict"].startswith("not needed")
+    assert (verdicts["flag"]["kind"], verdicts["fine"]["kind"]) == ("fixed", "not-needed")
     # Progress: each test as it ends, then each fix's verdict; the next run knows how long it takes.
     assert "flag without the overlay: fail" in err and "flag: bug present without" in err
     assert (tmp_path / "cache" / "torch_overlay" / "verify-times.json").is_file()

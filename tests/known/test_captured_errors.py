@@ -23,7 +23,7 @@ import torch
 
 from torch_overlay._state import PatchState
 from torch_overlay.known.catalogue import load_catalogue
-from torch_overlay.known.explain import explain_log
+from torch_overlay.known.verdicts import explain_log
 from torch_overlay.known.signatures import KNOWN
 from torch_overlay.series.decide import decide_by_header
 from torch_overlay.tools.capture import capture, headline, release_of

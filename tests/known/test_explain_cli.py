@@ -13,7 +13,7 @@ import pytest
 
 from torch_overlay.cli.main import main
 from torch_overlay.known.catalogue import load_catalogue
-from torch_overlay.known.explain import explain_log
+from torch_overlay.known.verdicts import explain_log
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches"

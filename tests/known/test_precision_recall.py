@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from torch_overlay.known.catalogue import load_catalogue
-from torch_overlay.known.explain import explain_log
+from torch_overlay.known.verdicts import explain_log
 from torch_overlay.known.logparse import find_errors
 from torch_overlay.known.signatures import KNOWN
 

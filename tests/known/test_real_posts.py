@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from torch_overlay.known.catalogue import load_catalogue
-from torch_overlay.known.explain import explain_log
+from torch_overlay.known.verdicts import explain_log
 from torch_overlay.known.signatures import KNOWN
 
 REPO = Path(__file__).resolve().parents[2]

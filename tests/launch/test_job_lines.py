@@ -182,7 +182,7 @@ def test_a_warning_of_the_launcher_points_at_no_line_of_ours(tmp_path):
 
 
 def test_the_exit_line_is_logged_through_the_handlers_a_job_set_up(caplog):
-    from torch_overlay.engine.voice import tell
+    from torch_overlay.engine.once_per_job import tell
 
     with caplog.at_level(logging.INFO, logger="torch_overlay"):
         tell("torch_overlay: a line")

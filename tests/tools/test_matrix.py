@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from torch_overlay.cli.verify import VERDICTS
 from torch_overlay.series.patchfile import PatchFile
 from torch_overlay.series.series import Patch
 from torch_overlay.tools.matrix import run_matrix
@@ -17,7 +18,11 @@ def _patch(pid: str, **fields: str) -> Patch:
 
 def _reports(tmp_path: Path, torch: str, states: dict[str, str], verdicts: dict[str, str]) -> list[Path]:
     status = {"torch": torch, "patches": [{"id": k, "state": v, "reason": "r"} for k, v in states.items()]}
-    verify = {"torch": torch, "verdicts": [{"id": k, "verdict": v} for k, v in verdicts.items()]}
+    kinds = {text: kind for kind, text in VERDICTS.values()}
+    verify = {
+        "torch": torch,
+        "verdicts": [{"id": k, "kind": kinds.get(v, "not-run"), "verdict": v} for k, v in verdicts.items()],
+    }
     (tmp_path / f"{torch}.status.json").write_text(json.dumps(status))
     (tmp_path / f"{torch}.verify.json").write_text(json.dumps(verify))
     return [tmp_path / f"{torch}.status.json", tmp_path / f"{torch}.verify.json"]
@@ -57,7 +62,10 @@ def test_a_cell_against_the_fields_fails_the_run(tmp_path, capsys):
         tmp_path,
         "2.11.0",
         {"fix-a": "applied", "fix-b": "applied", "fix-c": "not needed"},
-        {"fix-a": "not needed on this torch (passes without the overlay)", "fix-b": "NOT FIXED: the reproducer fails"},
+        {
+            "fix-a": "not needed on this torch (passes without the overlay)",
+            "fix-b": "NOT FIXED: the reproducer fails with the overlay",
+        },
     )
     reports += _reports(
         tmp_path,

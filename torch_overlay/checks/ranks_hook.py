@@ -13,6 +13,8 @@ import functools
 import logging
 from typing import Any
 
+from ..engine.overlay import process_overlay
+
 __all__ = ["install"]
 
 C10D = "torch.distributed.distributed_c10d"
@@ -34,7 +36,7 @@ def _wrap(module: Any) -> None:
         import torch_overlay
 
         report = torch_overlay.check_ranks()
-        config = torch_overlay._overlay.config
+        config = process_overlay().config
         if not report.ok and (config.check_ranks == "fail" or config.strict):
             raise torch_overlay.OverlayError(_prefixed(str(report)))
         if module.get_rank() == 0:
@@ -49,12 +51,10 @@ def install() -> None:
     """Wrap ``init_process_group`` when ``torch.distributed`` is imported (before its re-export)."""
     import sys
 
-    import torch_overlay
-
     if C10D in sys.modules:
         _wrap(sys.modules[C10D])
         torch_dist = sys.modules.get("torch.distributed")
         if torch_dist is not None and hasattr(torch_dist, "init_process_group"):
             torch_dist.init_process_group = sys.modules[C10D].init_process_group  # type: ignore[attr-defined]
         return
-    torch_overlay._overlay._hook.on_import(C10D, lambda name: _wrap(sys.modules[name]))
+    process_overlay().on_import(C10D, lambda name: _wrap(sys.modules[name]))

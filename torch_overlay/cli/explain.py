@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..known.catalogue import CatalogueError, load_catalogue
-from ..known.explain import broken_on, explain_log, Explanation
+from ..known.verdicts import broken_on, explain_log, Explanation
 from ..known.signatures import POSSIBLY
 
-__all__ = ["cmd_explain", "format_explanations"]
+__all__ = ["format_explanations", "run_explain"]
 
 
 # A job log with the error in it is megabytes; more is not a log (or needs cutting to the error).
@@ -122,7 +122,8 @@ def format_explanations(explanations: list[Explanation], torch: str | None, widt
     return "\n".join(lines)
 
 
-def cmd_explain(args: argparse.Namespace, patches_dir: Path) -> int:
+def run_explain(args: argparse.Namespace, patches_dir: Path) -> int:
+    """``explain``: read each input, match its errors against the catalogue, print the verdicts."""
     texts = []
     for name in args.files or ["-"]:
         try:

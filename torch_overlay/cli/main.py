@@ -14,8 +14,9 @@ from pathlib import Path
 import torch_overlay
 
 from .report import format_late_imports, format_status, status_summary, to_json, wrap
-from .verify import format_verdicts, needed_ids, verify
+from .verify import format_verdicts, Kind, needed_ids, verify
 from .._version import __version__
+from ..engine.overlay import process_overlay
 from ..series.versions import torch_version
 
 
@@ -49,8 +50,9 @@ _LATE_PROBE = """
 import json, sys
 import torch
 import torch_overlay
-loaded = sorted(m for m in torch_overlay._overlay._by_module if m in sys.modules)
-rows = [r for r in torch_overlay.status() if {t.module for t in r.targets} & set(loaded)]
+rows = torch_overlay.status()
+loaded = sorted({t.module for r in rows for t in r.targets} & set(sys.modules))
+rows = [r for r in rows if {t.module for t in r.targets} & set(loaded)]
 print(json.dumps({"loaded": loaded, "rows": [[r.id, str(r.state), r.reason] for r in rows]}))
 """
 
@@ -102,8 +104,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not args.lazy:
         _import_targets()
     rows = torch_overlay.status()
-    problems = torch_overlay._overlay.problems
-    probe = None if args.lazy or not torch_overlay._overlay.config.enabled else late_import_probe()
+    overlay = process_overlay()
+    problems = overlay.problems
+    probe = None if args.lazy or not overlay.config.enabled else late_import_probe()
     if args.json:
         extra: dict[str, object] = {"late_import": probe} if probe is not None else {}
         reach = torch_overlay.reach()  # TORCH_OVERLAY_REACH=1: what this process ran, importing included
@@ -112,11 +115,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(to_json(rows, torch=torch_version(), **extra))
     else:
         width = shutil.get_terminal_size((120, 24)).columns
-        patches = {p.id: p for p in torch_overlay._overlay.patches()}
-        where = f"torch {torch_version()}; patches from {torch_overlay._overlay.config.patches_dir}"
+        patches = {p.id: p for p in overlay.patches()}
+        where = f"torch {torch_version()}; patches from {overlay.config.patches_dir}"
         print("\n".join(wrap(where, width)))
         print(format_status(rows, patches, width))
-        print("\n".join(wrap(COLD_CACHE_NOTE.format(folder=torch_overlay._overlay.config.cache_dir / "code"), width)))
+        print("\n".join(wrap(COLD_CACHE_NOTE.format(folder=overlay.config.cache_dir / "code"), width)))
         if probe is not None:
             print("\n".join(wrap(format_late_imports(probe), width)))
         print(status_summary(rows, len(problems)))
@@ -129,7 +132,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_warm(args: argparse.Namespace) -> int:
     from ..engine.warm import warm
 
-    overlay = torch_overlay._overlay
+    overlay = process_overlay()
     if not overlay.config.enabled:
         print("torch_overlay is disabled here (TORCH_OVERLAY=0): nothing to compile", file=sys.stderr)
         return 0
@@ -153,8 +156,10 @@ def cmd_warm(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    repo = Path(torch_overlay._overlay.config.patches_dir).parent
-    known = [p.id for p in torch_overlay._overlay.patches()]
+    overlay = process_overlay()
+    repo = Path(overlay.config.patches_dir).parent
+    series = overlay.patches()
+    known = [p.id for p in series]
     unknown = [i for i in args.ids if i not in known]
     if unknown:
         print(f"error: unknown patch id(s) {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
@@ -175,7 +180,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    series = torch_overlay._overlay.patches()
     patches = [p for p in series if not args.ids or p.id in args.ids]
     if args.needed:
         # Planned over the whole series: a fix may apply on top of earlier fixes to its files.
@@ -212,17 +216,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
             )
         print(closing_count(verdicts))
     # A fix whose tests all skipped here is reported, not failed: nothing showed it broken.
-    broken = [v for v in verdicts if v.verdict.startswith(("NOT FIXED", "REGRESSION", "could not run the"))]
+    broken = [v for v in verdicts if v.kind in Kind.FAILING]
     return 1 if broken else 0
 
 
 def closing_count(verdicts: list) -> str:
     """``28/28 fixed``, or ``26/28 fixed; 1 NOT FIXED, 1 not needed on this torch``: the table in a line."""
-    fixed = [v for v in verdicts if v.verdict.startswith("bug present without, fixed with")]
+    fixed = [v for v in verdicts if v.kind == Kind.FIXED]
     others: dict[str, int] = {}
     for v in verdicts:
-        if v not in fixed:
-            label = v.verdict.split(":")[0].split(" (")[0]
+        if v.kind != Kind.FIXED:
+            label = Kind.LABELS[v.kind]
             others[label] = others.get(label, 0) + 1
     rest = ", ".join(f"{n} {label}" for label, n in others.items())
     count = f"{len(fixed)}/{len(verdicts)} fixed (bug present without the overlay, fixed with it)"
@@ -230,9 +234,9 @@ def closing_count(verdicts: list) -> str:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .explain import cmd_explain as explain
+    from .explain import run_explain
 
-    return explain(args, Path(torch_overlay._overlay.config.patches_dir))
+    return run_explain(args, Path(process_overlay().config.patches_dir))
 
 
 def main_run() -> int:
@@ -289,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     argv = sys.argv[1:] if argv is None else argv
     # The job's lines are for a job: `status` imports torch here to report, not to train.
-    torch_overlay._overlay.job.enabled = False
+    process_overlay().job.enabled = False
     if argv[:1] == ["run"]:
         from ..launch.launcher import main as launch  # its own options; everything after them is the command
 

@@ -31,26 +31,52 @@ from ..series.series import Patch
 from .timings import Timings
 
 __all__ = [
-    "Outcome",
+    "RunOutcome",
     "Reproducer",
     "Verdict",
     "format_verdicts",
     "judge",
+    "Kind",
     "needed_ids",
     "reproducer",
     "selected_classes",
     "verify",
 ]
 
+
+class Kind:
+    """A verdict's kind (``Verdict.kind``, ``kind`` in ``verify --json``): what ``verify``'s exit
+    status, its closing count and the matrix act on; the verdict's text is for people."""
+
+    FIXED = "fixed"
+    NOT_NEEDED = "not-needed"
+    NOT_FIXED = "not-fixed"
+    REGRESSION = "regression"
+    NOT_RUN = "not-run"  # the reproducer's run broke
+    ALL_SKIPPED = "all-skipped"
+    NO_TEST = "no-test"
+    FAILING = frozenset({NOT_FIXED, REGRESSION, NOT_RUN})  # what makes `verify` exit 1
+    # Each kind in a few words, for the closing count.
+    LABELS = {
+        NOT_NEEDED: "not needed on this torch",
+        NOT_FIXED: "NOT FIXED",
+        REGRESSION: "REGRESSION",
+        NOT_RUN: "could not run the reproducer",
+        ALL_SKIPPED: "could not run here",
+        NO_TEST: "no reproducer test found",
+    }
+
+
+# (passes without the overlay, passes with it) -> the verdict's kind and its text.
 VERDICTS = {
-    (False, True): "bug present without, fixed with the overlay",
-    (True, True): "not needed on this torch (passes without the overlay)",
-    (False, False): "NOT FIXED: the reproducer fails with the overlay",
-    (True, False): "REGRESSION: passes without the overlay, fails with it",
+    (False, True): (Kind.FIXED, "bug present without, fixed with the overlay"),
+    (True, True): (Kind.NOT_NEEDED, "not needed on this torch (passes without the overlay)"),
+    (False, False): (Kind.NOT_FIXED, "NOT FIXED: the reproducer fails with the overlay"),
+    (True, False): (Kind.REGRESSION, "REGRESSION: passes without the overlay, fails with it"),
 }
 SIDES = ("without", "with")
 # The line our pytest plugin prints when a test ends (its subtests counted), and its words as
-# Outcome states: what a test's line says before the JUnit report is written.
+# RunOutcome states: what a test's line says before the JUnit report is written.
 _RESULT_LINE = re.compile(rf"^{re.escape(MARK)} (PASSED|FAILED|ERROR|SKIPPED) (\S+::\S+)")
 _WORDS = {"PASSED": "pass", "FAILED": "fail", "ERROR": "error", "SKIPPED": "skipped"}
 _HEARTBEAT_S = 30.0
@@ -69,7 +95,9 @@ class Reproducer:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class RunOutcome:
+    """What one pytest run of a reproducer gave, on one side (without or with the overlay)."""
+
     state: str  # "pass", "fail", "skipped" (every test skipped) or "error" (the run broke)
     detail: str = ""  # the first failure or skip message, or why the run broke
     seconds: float = 0.0
@@ -79,8 +107,9 @@ class Outcome:
 class Verdict:
     id: str
     test: str
-    without: str  # an Outcome state, or "-" when there is no reproducer
+    without: str  # a RunOutcome state, or "-" when there is no reproducer
     with_: str
+    kind: str  # a Kind
     verdict: str
     seconds: float
     symptom: str = ""
@@ -92,6 +121,7 @@ class Verdict:
             "test": self.test,
             "without_overlay": self.without,
             "with_overlay": self.with_,
+            "kind": self.kind,
             "verdict": self.verdict,
             "seconds": round(self.seconds, 1),
             "symptom": self.symptom,
@@ -140,34 +170,35 @@ def needed_ids(patches: list[Patch]) -> set[str]:
     return {step.patch.id for step in plan.steps if step.state == PatchState.APPLIED}
 
 
-def judge(without: Outcome, with_: Outcome) -> str:
-    """The verdict for one fix; a run that broke or skipped everything proves nothing either way."""
+def judge(without: RunOutcome, with_: RunOutcome) -> tuple[str, str]:
+    """The verdict for one fix, its kind and its text; a run that broke or skipped everything proves
+    nothing either way."""
     broken = next((o for o in (without, with_) if o.state == "error"), None)
     if broken:
-        return f"could not run the reproducer ({broken.detail})"
+        return Kind.NOT_RUN, f"could not run the reproducer ({broken.detail})"
     skipped = next((o for o in (without, with_) if o.state == "skipped"), None)
     if skipped:
-        return f"could not run here: every test was skipped ({skipped.detail})"
+        return Kind.ALL_SKIPPED, f"could not run here: every test was skipped ({skipped.detail})"
     return VERDICTS[(without.state == "pass", with_.state == "pass")]
 
 
-def _case_outcome(case: ET.Element) -> Outcome:
+def _case_outcome(case: ET.Element) -> RunOutcome:
     seconds = float(case.get("time") or 0.0)
     for tag, state in (("failure", "fail"), ("error", "error"), ("skipped", "skipped")):
         child = case.find(tag)
         if child is not None:
-            return Outcome(state, failure_line(child.get("message") or "", child.text or ""), seconds)
-    return Outcome("pass", "", seconds)
+            return RunOutcome(state, failure_line(child.get("message") or "", child.text or ""), seconds)
+    return RunOutcome("pass", "", seconds)
 
 
-def _merge(outcomes: list[Outcome], why_none: str) -> Outcome:
+def _merge(outcomes: list[RunOutcome], why_none: str) -> RunOutcome:
     """One outcome for a file's tests: any failure fails it; it passes if something passed."""
     seconds = sum(o.seconds for o in outcomes)
     for state in ("fail", "error", "pass", "skipped"):
         first = next((o for o in outcomes if o.state == state), None)
         if first is not None:
-            return Outcome(state, first.detail, seconds)
-    return Outcome("error", why_none, seconds)
+            return RunOutcome(state, first.detail, seconds)
+    return RunOutcome("error", why_none, seconds)
 
 
 def _junit_key(node: str) -> tuple[str, str]:
@@ -195,14 +226,14 @@ class _Run:
             return ["-x", *self.reproducers[0].args]
         return [str(r.node) for r in self.reproducers]
 
-    def outcomes(self, cases: list[ET.Element], why_none: str) -> dict[str, Outcome]:
+    def outcomes(self, cases: list[ET.Element], why_none: str) -> dict[str, RunOutcome]:
         if len(self.reproducers) == 1:
             return {self.reproducers[0].id: _merge([_case_outcome(c) for c in cases], why_none)}
         by_key = {(c.get("classname", ""), c.get("name", "")): c for c in cases}
         out = {}
         for rep in self.reproducers:
             case = by_key.get(_junit_key(str(rep.node)))
-            out[rep.id] = _case_outcome(case) if case is not None else Outcome("error", why_none)
+            out[rep.id] = _case_outcome(case) if case is not None else RunOutcome("error", why_none)
         return out
 
 
@@ -229,7 +260,7 @@ class _Runner:
         env["TMPDIR"] = str(scratch / "tmp")
         return env
 
-    def run(self, run: _Run, on_test: Callable[[_Run, str, str], None]) -> tuple[dict[str, Outcome], float]:
+    def run(self, run: _Run, on_test: Callable[[_Run, str, str], None]) -> tuple[dict[str, RunOutcome], float]:
         run.started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="torch_overlay-verify-") as tmp:
             report = Path(tmp) / "junit.xml"
@@ -323,7 +354,7 @@ def verify(
     for run in runs:
         known = [timings.get(f"{r.id} {run.side}") for r in run.reproducers]
         run.estimate = sum(k for k in known if k is not None) if None not in known else None
-    results: dict[str, dict[str, Outcome]] = {r.id: {} for r in found}
+    results: dict[str, dict[str, RunOutcome]] = {r.id: {} for r in found}
     seconds: dict[str, float] = {}
     measured: dict[str, float] = {}
     lock = threading.Lock()
@@ -345,14 +376,14 @@ def verify(
 
     announced: set[str] = set()
 
-    def record(rid: str, side: str, outcome: Outcome) -> None:
+    def record(rid: str, side: str, outcome: RunOutcome) -> None:
         """Keep the latest outcome (the JUnit report's over the -v line's); announce a verdict once."""
         with lock:
             results[rid][side] = outcome
             if len(results[rid]) == 2 and rid not in announced:
                 announced.add(rid)
                 done = len(announced)
-                verdict = judge(results[rid]["without"], results[rid]["with"])
+                _, verdict = judge(results[rid]["without"], results[rid]["with"])
                 stamp(f"{rid}: {verdict} ({done}/{len(found)} done{left()})")
 
     def on_test(run: _Run, node: str, word: str) -> None:
@@ -361,7 +392,7 @@ def verify(
             rep = next((r for r in run.reproducers if r.node == node), None)
             if rep is not None:
                 stamp(f"{rep.id} {run.side} the overlay: {_WORDS[word]}")
-                record(rep.id, run.side, Outcome(_WORDS[word]))
+                record(rep.id, run.side, RunOutcome(_WORDS[word]))
 
     def execute(run: _Run) -> None:
         names = ", ".join(r.id for r in run.reproducers)
@@ -407,7 +438,7 @@ def verify(
     for patch in patches:
         rep = reps[patch.id]
         if rep is None:
-            verdicts.append(Verdict(patch.id, "", "-", "-", "no reproducer test found", 0.0))
+            verdicts.append(Verdict(patch.id, "", "-", "-", Kind.NO_TEST, "no reproducer test found", 0.0))
             continue
         without, with_ = results[rep.id]["without"], results[rep.id]["with"]
         details = {side: o.detail for side, o in (("without", without), ("with", with_)) if o.detail}
@@ -417,7 +448,7 @@ def verify(
                 rep.label,
                 without.state,
                 with_.state,
-                judge(without, with_),
+                *judge(without, with_),
                 seconds.get(rep.id, 0.0),
                 rep.symptom,
                 details,

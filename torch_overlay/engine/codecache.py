@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .voice import warn
+from .once_per_job import warn
 
 __all__ = ["CodeCache"]
 

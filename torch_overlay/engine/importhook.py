@@ -106,10 +106,6 @@ class ImportHook:
         self._names: frozenset[str] = frozenset()
         self._busy = threading.local()
 
-    @property
-    def watched(self) -> frozenset[str]:
-        return self._names
-
     def watch(self, names: set[str] | frozenset[str]) -> None:
         """Names whose code ``provide`` may replace (replaces the previous set)."""
         self._watched = frozenset(names)

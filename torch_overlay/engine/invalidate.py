@@ -53,10 +53,6 @@ class CompileCacheSalt:
         self._user = ""
         self._waiting = False
 
-    @property
-    def salt(self) -> str:
-        return self._salt
-
     def set(self, salt: str) -> None:
         self._salt = salt
         if not self._write() and not self._waiting:

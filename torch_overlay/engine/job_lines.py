@@ -14,7 +14,7 @@ from typing import Any, TYPE_CHECKING
 from .._state import PatchState
 from ..series.versions import torch_version
 from .components import Entry
-from .voice import claim_exit_line, says, tell
+from .once_per_job import claim_exit_line, says, tell
 
 if TYPE_CHECKING:
     from .roster import Roster

@@ -33,14 +33,14 @@ from .other_torch import left_to_another_torch
 from .series_index import folder_key, indexed_series_and_key
 from .job_lines import JobVoice, LATE, late_warning, summary_line
 from .roster import Roster
-from .voice import says, warn
+from .once_per_job import says, warn
 
 if TYPE_CHECKING:
     from .codecache import CodeCache
     from .invalidate import CompileCacheSalt
     from .reach import Reach
 
-__all__ = ["Overlay"]
+__all__ = ["Overlay", "process_overlay"]
 
 log = logging.getLogger("torch_overlay")
 
@@ -59,7 +59,7 @@ class Overlay:
         self._activated = False
         self._summary_logged = False
         # The job's lines (which torch and fixes, then which were applied): the process's own
-        # overlay only, said by one process of a job (engine/voice.py); the CLI turns them off.
+        # overlay only, said by one process of a job (engine/once_per_job.py); the CLI turns them off.
         self.job = JobVoice(
             self._environ,
             self.config.enabled and not self.config.quiet,
@@ -188,21 +188,7 @@ class Overlay:
                 warn(message)
 
     def _update(self, entry: Entry) -> None:
-        """APPLIED once every module the patch changes runs it; PENDING (decided) until then."""
-        waiting = sorted(entry.changes - entry.swapped - entry.at_import)
-        if waiting:
-            entry.state = PatchState.PENDING
-            entry.reason = f"applies at import of {', '.join(waiting)}"
-            return
-        component = entry.component
-        changed: list[str] = []
-        for name in sorted(entry.changes):
-            if name in entry.swapped:
-                changed += [q for plan in entry.plans if plan.module.__name__ == name for q in plan.changed]
-            elif component is not None and name in component.modules and (code := component.modules[name].code):
-                changed += code.changed.get(entry.id, [])
-        name = entry.variant.name if entry.variant else ""
-        self._set(entry, PatchState.APPLIED, f"{name}: {', '.join(dict.fromkeys(changed)) or 'new definitions'}")
+        self._set(entry, *_settled(entry))
 
     # ----------------------------------------------------------- import hook
     def _provide(self, module: types.ModuleType) -> tuple[types.CodeType, Callable[[], str]] | None:
@@ -274,6 +260,16 @@ class Overlay:
                 raise
             warn(f"torch_overlay: could not refresh torch's caches after a patch ({type(exc).__name__}: {exc})")
 
+    def on_import(self, module: str, callback: Callable[[str], object]) -> None:
+        """Call ``callback(module)`` each time ``module`` has been imported (after its code ran)."""
+        self._hook.on_import(module, callback)
+
+    def count_reach(self) -> None:
+        """Count how often each applied fix's changed functions run from now on (:mod:`.reach`)."""
+        from .reach import Reach
+
+        self.reach = Reach(self._roster.made).watch_live(self._roster.components)
+
     # ---------------------------------------------------------------- revert
     def revert(self) -> list[str]:
         """Undo what can be undone in this process; return what needs a new process, one line each."""
@@ -342,6 +338,34 @@ class Overlay:
             from . import originals
 
             return originals.get_original(obj, self._roster.made(), self._by_module)
+
+
+_process: Overlay | None = None
+
+
+def process_overlay() -> Overlay:
+    """This process's overlay (switches from ``os.environ``): the one ``import torch_overlay``
+    activates and the CLI reads; made on first use, not activated here."""
+    global _process
+    if _process is None:
+        _process = Overlay()
+    return _process
+
+
+def _settled(entry: Entry) -> tuple[PatchState, str]:
+    """APPLIED once every module the patch changes runs it; PENDING (decided) until then."""
+    waiting = sorted(entry.changes - entry.swapped - entry.at_import)
+    if waiting:
+        return PatchState.PENDING, f"applies at import of {', '.join(waiting)}"
+    component = entry.component
+    changed: list[str] = []
+    for name in sorted(entry.changes):
+        if name in entry.swapped:
+            changed += [q for plan in entry.plans if plan.module.__name__ == name for q in plan.changed]
+        elif component is not None and name in component.modules and (code := component.modules[name].code):
+            changed += code.changed.get(entry.id, [])
+    name = entry.variant.name if entry.variant else ""
+    return PatchState.APPLIED, f"{name}: {', '.join(dict.fromkeys(changed)) or 'new definitions'}"
 
 
 def _raise_if_strict(config: Config, entries: list[Entry]) -> None:

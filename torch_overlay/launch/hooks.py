@@ -7,9 +7,9 @@ __all__ = ["install"]
 
 def install() -> None:
     """``TORCH_OVERLAY_CHECK_RANKS`` (warn or fail) hooks process-group setup; nothing else yet."""
-    import torch_overlay
+    from ..engine.overlay import process_overlay
 
-    if torch_overlay._overlay.config.check_ranks != "off":
+    if process_overlay().config.check_ranks != "off":
         from ..checks.ranks_hook import install as install_check
 
         install_check()

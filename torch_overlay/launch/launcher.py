@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 
-from ..engine.voice import release_exit_line
+from ..engine.once_per_job import release_exit_line
 from .env import BOOTSTRAP, launch_env
 
 __all__ = ["launch_env", "main"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from .diff_types import PatchParseError
+from .diff_header import PatchParseError
 from .patchfile import PatchFile
 from .series import Patch
 from .._state import PatchState

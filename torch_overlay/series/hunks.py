@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._state import Target
-from .diff_types import diff_path, PatchParseError
+from .diff_header import diff_path, PatchParseError
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .diff_types import diff_path, PatchParseError
+from .diff_header import diff_path, PatchParseError
 
 if TYPE_CHECKING:
     from .hunks import FileDiff

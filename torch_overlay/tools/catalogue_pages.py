@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from ..known.catalogue import Catalogue, KnownBug, link_name, load_catalogue
-from ..known.explain import broken_on
+from ..known.verdicts import broken_on
 from ..series.patchfile import PatchFile
 
 __all__ = ["render_pages", "run_catalogue"]

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cli.verify import Kind
 from ..series.series import Patch
 from ..series.versions import parse_version
 
@@ -50,12 +51,12 @@ def measure(status: dict, verify: dict) -> dict[str, Cell]:
         if state != "applied" or verdict is None:
             cells[pid] = Cell(NOT_RUN, f"{state}: {row['reason']}" if verdict is None else verdict["verdict"])
             continue
-        text = verdict["verdict"]
-        if text.startswith("bug present"):
+        kind, text = verdict["kind"], verdict["verdict"]
+        if kind == Kind.FIXED:
             cells[pid] = Cell(BUG)
-        elif text.startswith("not needed"):
+        elif kind == Kind.NOT_NEEDED:
             cells[pid] = Cell(PASSES, "the Quick-Test passes without the overlay")
-        elif text.startswith(("NOT FIXED", "REGRESSION")):
+        elif kind in (Kind.NOT_FIXED, Kind.REGRESSION):
             cells[pid] = Cell(NOT_FIXED, text)
         else:
             cells[pid] = Cell(NOT_RUN, text)

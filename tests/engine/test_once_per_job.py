@@ -1,4 +1,4 @@
-"""One voice per job: a problem of the switches is warned once, not by every process of a job.
+"""Once per job: a problem of the switches is warned once, not by every process of a job.
 
 Each case is a fresh ``python -c "import torch_overlay"`` (no torch import), with the environment a
 launcher, a torchrun agent or a rank would have.
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from torch_overlay.engine import voice
+from torch_overlay.engine import once_per_job
 
 REPO = Path(__file__).resolve().parents[2]
 TYPO = "TORCH_OVERLAY='flase' is not understood"
 # Prints what this process passes on to its children.
-PROBE = f"import os, torch_overlay; print(os.environ.get({voice.REPORTED!r}, ''))"
+PROBE = f"import os, torch_overlay; print(os.environ.get({once_per_job.REPORTED!r}, ''))"
 
 
 def _import(**env: str) -> subprocess.CompletedProcess:
@@ -34,10 +34,10 @@ def test_a_single_process_always_says_it_and_marks_its_children():
     marker = proc.stdout.strip()
     assert marker
     # A child with that environment (an agent, a rank, a DataLoader worker) stays quiet ...
-    child = _import(TORCH_OVERLAY="flase", **{voice.REPORTED: marker})
+    child = _import(TORCH_OVERLAY="flase", **{once_per_job.REPORTED: marker})
     assert TYPO not in child.stderr and child.stdout.strip() == marker
     # ... but not about another value, which its parent never said.
-    other = _import(TORCH_OVERLAY="flasee", **{voice.REPORTED: marker})
+    other = _import(TORCH_OVERLAY="flasee", **{once_per_job.REPORTED: marker})
     assert "TORCH_OVERLAY='flasee' is not understood" in other.stderr
 
 
@@ -50,7 +50,9 @@ def test_under_torchrun_rank_0_says_it(rank_vars, said):
 
 
 def test_strict_still_raises_where_it_would_stay_quiet():
-    marker = _import(TORCH_OVERLAY_STRICT="1", TORCH_OVERLAY_DISABLED="x", RANK="1", **{voice.REPORTED: "whatever"})
+    marker = _import(
+        TORCH_OVERLAY_STRICT="1", TORCH_OVERLAY_DISABLED="x", RANK="1", **{once_per_job.REPORTED: "whatever"}
+    )
     assert marker.returncode != 0 and "OverlayError" in marker.stderr and "TORCH_OVERLAY_DISABLED" in marker.stderr
 
 
@@ -68,9 +70,9 @@ def test_a_misspelled_variable_is_said():
 
 
 def test_pass_on_keeps_what_the_parent_said():
-    environ = {voice.REPORTED: "a"}
-    voice.pass_on("one", environ)
-    voice.pass_on("one", environ)
-    keys = environ[voice.REPORTED].split(",")
+    environ = {once_per_job.REPORTED: "a"}
+    once_per_job.pass_on("one", environ)
+    once_per_job.pass_on("one", environ)
+    keys = environ[once_per_job.REPORTED].split(",")
     assert keys[0] == "a" and len(keys) == 2
-    assert voice.said_elsewhere("one", environ) and not voice.said_elsewhere("two", environ)
+    assert once_per_job.said_elsewhere("one", environ) and not once_per_job.said_elsewhere("two", environ)

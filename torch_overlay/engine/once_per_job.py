@@ -1,4 +1,4 @@
-"""One voice per job: which process of a job warns about a problem of the switches.
+"""Once per job: which process of a job warns about a problem of the switches.
 
 ``torch-overlay-run torchrun ...`` runs the overlay in the launcher, the torchrun agent and every
 rank, all with the same environment, so a switch typo would be warned once per process. A process
