@@ -282,7 +282,9 @@ def _write_record(path: Path, record: dict) -> None:
     for key in ("file", "run"):
         for table in record[key]:
             out += ["", f"[[{key}]]"]
-            out += [f"{k} = {_toml(v)}" for k, v in table.items()]
+            # TOML has no null: a value compare could not give (no time ratio when no test passes both
+            # ways) is left out, and readers take a missing key as unknown.
+            out += [f"{k} = {_toml(v)}" for k, v in table.items() if v is not None]
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
 
 
