@@ -72,6 +72,33 @@ def test_a_run_is_written_back_and_shown(tmp_path):
     assert (REPO / PAGE).is_file()
 
 
+def test_a_run_without_a_time_ratio_is_written_without_one(tmp_path):
+    # every test skipped both ways (a GPU file on the CPU): compare measures no time ratio
+    root = tmp_path / "repo"
+    (root / RECORD.parent).mkdir(parents=True)
+    shutil.copy(REPO / RECORD, root / RECORD)
+    record = load_record(root / RECORD)
+    row = next(r for r in record["file"] if r["torch"] == "torch/nn/utils/clip_grad.py")
+    run = {
+        "upstream": row["upstream"][0],
+        "torch": "2.11.0",
+        "commit": "0123456789abcdef",
+        "select": "",
+        "measured": "2026-12-01",
+        "without": {"pass": 0, "fail": 0, "error": 0, "skipped": 2},
+        "with": {"pass": 0, "fail": 0, "error": 0, "skipped": 2},
+        "differences": [],
+        "time_ratio": None,
+        "reach": {},
+    }
+    record["run"].append(run)
+    _write_record(root / RECORD, record)
+    with open(root / RECORD, "rb") as f:
+        again = tomllib.load(f)
+    assert "time_ratio" not in again["run"][-1]
+    assert "| 0 / 0 / 0 / 2 | 0 / 0 / 0 / 2 | none | — |" in render(load_record(root / RECORD), read_series(REPO / "patches"))
+
+
 def test_changed_files_name_every_fix_that_changes_them():
     files = changed_files(read_series(REPO / "patches"))
     assert "clip-grad-norm-mixed-meshes" in files["torch/nn/utils/clip_grad.py"]
