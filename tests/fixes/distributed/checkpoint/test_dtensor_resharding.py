@@ -88,9 +88,7 @@ class TestDcpStridedShardDisjointRegions(DTensorTestBase):
                 [Replicate()] * mesh.ndim,
             ):
                 dst = self._load(checkpoint_dir, src, load_placements)
-                self.assertEqual(
-                    dst.full_tensor(), src.full_tensor(), msg=f"{placements} -> {load_placements}"
-                )
+                self.assertEqual(dst.full_tensor(), src.full_tensor(), msg=f"{placements} -> {load_placements}")
 
     @with_comms
     @with_temp_dir
