@@ -106,3 +106,31 @@ def test_changed_files_name_every_fix_that_changes_them():
     assert {"dtensor-new-empty-partial", "dtensor-new-factory-shard-partial"} <= set(
         files["torch/distributed/tensor/_ops/_tensor_ops.py"]
     )
+
+
+def test_a_row_is_measured_only_when_each_of_its_upstream_files_ran_on_both_ends():
+    patches = read_series(REPO / "patches")
+    record = load_record(REPO / RECORD)
+    record["run"] = []
+    row = {"torch": "torch/nn/utils/clip_grad.py", "upstream": ["test/a_test.py", "test/b_test.py"]}
+    record["file"] = [row if r["torch"] == row["torch"] else r for r in record["file"]]
+    record["run"] = [
+        {
+            "upstream": "test/a_test.py",
+            "torch": release,
+            "commit": "0" * 40,
+            "measured": "2026-12-02",
+            "without": {},
+            "with": {},
+        }
+        for release in ("2.11.0", "2.15.0")
+    ]
+    line = next(
+        line for line in render(record, patches).splitlines() if line.startswith("| `torch/nn/utils/clip_grad.py`")
+    )
+    assert "**not yet**: `b_test.py` on 2.11.0, 2.15.0" in line, line
+    record["run"] += [dict(run, upstream="test/b_test.py") for run in record["run"]]
+    line = next(
+        line for line in render(record, patches).splitlines() if line.startswith("| `torch/nn/utils/clip_grad.py`")
+    )
+    assert line.endswith("| on 2.11.0, 2.15.0 |"), line

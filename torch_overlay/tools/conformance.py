@@ -126,15 +126,19 @@ def render(record: dict, patches: list[Patch]) -> str:
         if not tests:
             measured = f"none on the CPU: {_cell(row.get('why', ''))}; GPU: {', '.join(row.get('gpu', [])) or 'none'}"
         else:
-            done = sorted({r["torch"] for t in tests for r in runs.get(t, [])}, key=parse_version)
             need = set(span) if span else set()
-            if need and need <= set(done):
+            # Measured when each listed upstream file ran on both ends of the span: one file run on
+            # one end says nothing of the others.
+            unmeasured = [t for t in tests if not need or not need <= {r["torch"] for r in runs.get(t, [])}]
+            if not unmeasured:
+                done = sorted({r["torch"] for t in tests for r in runs.get(t, [])}, key=parse_version)
                 measured = f"on {', '.join(done)}"
             else:
                 pending += 1
-                measured = f"**not yet** (needs {', '.join(sorted(need, key=parse_version)) or 'a release'})"
-                if done:
-                    measured += f"; so far on {', '.join(done)}"
+                ends = ", ".join(sorted(need, key=parse_version)) or "a release"
+                measured = f"**not yet**: {', '.join(f'`{Path(t).name}`' for t in unmeasured)} on {ends}"
+            if row.get("why"):
+                measured += f" ({_cell(row['why'])})"
         lines.append(
             f"| `{f}` | {', '.join(f'`{i}`' for i in changed.get(f, []))} | {', '.join(f'`{t}`' for t in tests) or '—'} "
             f"| {measured} |"
