@@ -134,3 +134,25 @@ def test_a_row_is_measured_only_when_each_of_its_upstream_files_ran_on_both_ends
         line for line in render(record, patches).splitlines() if line.startswith("| `torch/nn/utils/clip_grad.py`")
     )
     assert line.endswith("| on 2.11.0, 2.15.0 |"), line
+
+
+def test_the_page_says_per_fix_how_many_upstream_tests_reached_it_or_names_its_own_test():
+    patches = read_series(REPO / "patches")
+    record = load_record(REPO / RECORD)
+    fix = next(p for p in patches if p.main is not None and p.main.fields.get("Quick-Test"))
+    record["run"] = [
+        {
+            "upstream": "test/a_test.py",
+            "torch": "2.11.0",
+            "commit": "0" * 40,
+            "without": {},
+            "with": {},
+            "reach": {fix.id: 7},
+        }
+    ]
+    page = render(record, patches)
+    assert f"| `{fix.id}` | 7 (`a_test.py` on 2.11.0) |" in page
+    other = next(p for p in patches if p.main is not None and p.id != fix.id and p.main.fields.get("Quick-Test"))
+    own = other.main.fields["Quick-Test"].strip()
+    assert f"| `{other.id}` | none yet | `{own}` |" in page
+    assert f"Fixes no recorded upstream test reached: {sum(1 for p in patches if p.main is not None) - 1}." in page

@@ -168,12 +168,43 @@ def render(record: dict, patches: list[Patch]) -> str:
             f"| {_counts(run['with'])} | {_cell(changed_text)} | {'—' if ratio is None else f'x{ratio:.2f}'} "
             f"| {reach_text} |"
         )
+    lines += _reach_per_fix(record, patches)
     adaptations = [(r["upstream"], r["torch"], a) for r in record["run"] for a in r.get("adaptations", [])]
     if adaptations:
         lines += ["", "## Adaptations of upstream's files\n"]
         lines += [f"- `{u}` on {t}: {_cell(a)}" for u, t, a in adaptations]
     lines += ["", "## Method\n", _cell(record.get("method", "")), ""]
     return "\n".join(lines) + "\n"
+
+
+def _reach_per_fix(record: dict, patches: list[Patch]) -> list[str]:
+    """Per fix: the most tests of one recorded run that reached its changed functions, and where; a fix
+    that no run reached has its own tests as the only evidence (its ``Quick-Test``, named)."""
+    best: dict[str, tuple[int, str]] = {}
+    for run in record["run"]:
+        for fix, tests in (run.get("reach") or {}).items():
+            if tests and tests > best.get(fix, (0, ""))[0]:
+                best[fix] = (tests, f"`{Path(run['upstream']).name}` on {run['torch']}")
+    lines = [
+        "",
+        "## Reach per fix\n",
+        "The most tests of one run above that ran a function the fix changed. A fix no run reached has, so",
+        "far, only its own tests as evidence that it changes nothing else: its `Quick-Test` is named.\n",
+        "| fix | upstream tests that reached it | its own test |",
+        "| --- | --- | --- |",
+    ]
+    unreached = 0
+    for patch in patches:
+        if patch.main is None:
+            continue
+        tests, where = best.get(patch.id, (0, ""))
+        unreached += not tests
+        own = patch.main.fields.get("Quick-Test", "").strip()
+        lines.append(
+            f"| `{patch.id}` | {f'{tests} ({where})' if tests else 'none yet'} | {f'`{own}`' if own else '—'} |"
+        )
+    lines += ["", f"Fixes no recorded upstream test reached: {unreached}."]
+    return lines
 
 
 def run_check(root: Path, patches_dir: Path, *, write: bool) -> int:
