@@ -41,39 +41,9 @@ def test_a_file_without_a_row_a_row_without_a_reason_and_a_stray_run_are_problem
     assert any("lacks commit" in p for p in problems), problems
 
 
-def test_a_run_is_written_back_and_shown(tmp_path):
-    root = tmp_path / "repo"
-    (root / RECORD.parent).mkdir(parents=True)
-    shutil.copy(REPO / RECORD, root / RECORD)
-    patches = read_series(REPO / "patches")
-    record = load_record(root / RECORD)
-    row = next(r for r in record["file"] if r["torch"] == "torch/nn/utils/clip_grad.py")
-    run = {
-        "upstream": row["upstream"][0],
-        "torch": "2.11.0",
-        "commit": "0123456789abcdef",
-        "select": "",
-        "measured": "2026-12-01",
-        "without": {"pass": 3, "fail": 0, "error": 0, "skipped": 1},
-        "with": {"pass": 3, "fail": 0, "error": 0, "skipped": 1},
-        "differences": [],
-        "time_ratio": 1.01,
-        "reach": {"clip-grad-norm-mixed-meshes": 3},
-    }
-    record["run"].append(run)
-    _write_record(root / RECORD, record)
-    with open(root / RECORD, "rb") as f:
-        again = tomllib.load(f)
-    assert again["run"][-1] == run
-    assert again["file"] == load_record(REPO / RECORD)["file"]
-    page = render(load_record(root / RECORD), patches)
-    assert "`clip-grad-norm-mixed-meshes` 3" in page
-    assert "| 3 / 0 / 0 / 1 | 3 / 0 / 0 / 1 | none | x1.01 |" in page
-    assert (REPO / PAGE).is_file()
-
-
-def test_a_run_with_no_time_ratio_is_written_without_it(tmp_path):
-    # compare gives no ratio when no test passes both ways (a file whose every test errors or skips)
+def _record_copy_with_run(tmp_path: Path, outcomes: dict, time_ratio: float | None, reach: dict) -> tuple[Path, dict]:
+    """A copy of the record in a scratch repo, a run of clip_grad.py's first upstream file on 2.11.0
+    added and written back: the record's path and the run."""
     root = tmp_path / "repo"
     (root / RECORD.parent).mkdir(parents=True)
     shutil.copy(REPO / RECORD, root / RECORD)
@@ -85,18 +55,38 @@ def test_a_run_with_no_time_ratio_is_written_without_it(tmp_path):
         "commit": "0123456789abcdef",
         "select": "",
         "measured": "2026-12-02",
-        "without": {"pass": 0, "fail": 0, "error": 1, "skipped": 0},
-        "with": {"pass": 0, "fail": 0, "error": 1, "skipped": 0},
+        "without": outcomes,
+        "with": dict(outcomes),
         "differences": [],
-        "time_ratio": None,
-        "reach": {},
+        "time_ratio": time_ratio,
+        "reach": reach,
     }
     record["run"].append(run)
     _write_record(root / RECORD, record)
-    with open(root / RECORD, "rb") as f:
+    return root / RECORD, run
+
+
+def test_a_run_is_written_back_and_shown(tmp_path):
+    patches = read_series(REPO / "patches")
+    outcomes = {"pass": 3, "fail": 0, "error": 0, "skipped": 1}
+    path, run = _record_copy_with_run(tmp_path, outcomes, 1.01, {"clip-grad-norm-mixed-meshes": 3})
+    with open(path, "rb") as f:
+        again = tomllib.load(f)
+    assert again["run"][-1] == run
+    assert again["file"] == load_record(REPO / RECORD)["file"]
+    page = render(load_record(path), patches)
+    assert "`clip-grad-norm-mixed-meshes` 3" in page
+    assert "| 3 / 0 / 0 / 1 | 3 / 0 / 0 / 1 | none | x1.01 |" in page
+    assert (REPO / PAGE).is_file()
+
+
+def test_a_run_with_no_time_ratio_is_written_without_it(tmp_path):
+    # compare gives no ratio when no test passes both ways (a file whose every test errors or skips)
+    path, _ = _record_copy_with_run(tmp_path, {"pass": 0, "fail": 0, "error": 1, "skipped": 0}, None, {})
+    with open(path, "rb") as f:
         again = tomllib.load(f)
     assert "time_ratio" not in again["run"][-1]
-    page = render(load_record(root / RECORD), read_series(REPO / "patches"))
+    page = render(load_record(path), read_series(REPO / "patches"))
     assert "| 0 / 0 / 1 / 0 | 0 / 0 / 1 / 0 | none | — |" in page
 
 
