@@ -29,13 +29,13 @@ def test_target_is_a_frozen_value():
 
 def test_patch_status_row():
     row = PatchStatus("fix", "title", "bug", (Target.from_path("torch/x.py"),), PatchState.APPLIED, "why")
-    assert (row.variant, row.mode) == ("", "")
+    assert (row.variant, row.mode, row.late) == ("", "", "")
     other = row.replace(state=PatchState.DISABLED)
     assert other.state == "disabled" and row.state == "applied" and other != row
     assert other.replace(state=PatchState.APPLIED) == row
     assert row.as_dict() == {
         "id": "fix", "title": "title", "bug": "bug", "targets": ["torch/x.py"], "state": "applied",
-        "reason": "why", "variant": "", "mode": "",
+        "reason": "why", "variant": "", "mode": "", "late": "",
     }  # fmt: skip
     assert repr(row).startswith("PatchStatus(id='fix', title='title'")
     with pytest.raises(TypeError):
@@ -57,6 +57,7 @@ def test_config_is_a_frozen_value(tmp_path):
 def test_outcome_compares_by_value():
     assert Outcome(PatchState.APPLIED, "r", None) == Outcome(PatchState.APPLIED, "r", None, set())
     assert Outcome(PatchState.APPLIED, "r", None, {"a"}) != Outcome(PatchState.APPLIED, "r", None)
+    assert Outcome(PatchState.FAILED, "r", None, late="torch.x") != Outcome(PatchState.FAILED, "r", None)
 
 
 @pytest.mark.parametrize("words", [PatchState, Mode])

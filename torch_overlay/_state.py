@@ -151,7 +151,7 @@ class Target:
 class PatchStatus:
     """One patch's row: what ``torch_overlay.status()`` gives and ``status`` prints."""
 
-    FIELDS = ("id", "title", "bug", "targets", "state", "reason", "variant", "mode")
+    FIELDS = ("id", "title", "bug", "targets", "state", "reason", "variant", "mode", "late")
 
     def __init__(
         self,
@@ -163,6 +163,7 @@ class PatchStatus:
         reason: str,
         variant: str = "",  # file name of the variant that applied / matched
         mode: str = "",  # a Mode when applied
+        late: str = "",  # failed because this module was imported before the overlay
     ) -> None:
         self.id = id
         self.title = title
@@ -172,6 +173,7 @@ class PatchStatus:
         self.reason = reason
         self.variant = variant
         self.mode = mode
+        self.late = late
 
     def __repr__(self) -> str:
         return f"PatchStatus({', '.join(f'{k}={getattr(self, k)!r}' for k in self.FIELDS)})"

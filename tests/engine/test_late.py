@@ -193,6 +193,9 @@ def test_a_patch_on_top_of_one_lost_to_a_late_import_is_lost_to_it_too(sandbox, 
     assert on_top_row.reason.startswith("imported too late: it applies on top of shaped, lost because ")
     assert f"{name} was imported before torch_overlay" in on_top_row.reason
     assert "import torch_overlay before `import torch`" in on_top_row.reason
+    # The module that cost them is a field of the row, not text to parse back out of the reason.
+    assert (shaped.late, on_top_row.late) == (name, name)
+    assert shaped.as_dict()["late"] == name
     # One warning for both: the fixes, the module imported too early, the remedy once.
     (text,) = [str(w.message) for w in warned]
     assert text.startswith("torch_overlay: 2 fixes lost, imported too late: ") and "drift" not in text
@@ -215,6 +218,7 @@ def test_real_drift_after_a_late_import_is_still_drift(sandbox, config, overlays
     with pytest.warns(UserWarning):
         overlay.activate()
     assert [s.state for s in overlay.status()] == ["failed", "drift"]
+    assert [s.late for s in overlay.status()] == [name, ""]
 
 
 LATE_JOB = """
@@ -226,7 +230,7 @@ from torch_overlay.cli.report import format_status
 _import_targets()
 rows = torch_overlay.status()
 patches = {p.id: p for p in torch_overlay._overlay.patches()}
-print(json.dumps({"rows": [[r.id, str(r.state), r.reason] for r in rows], "text": format_status(rows, patches, 4000)}))
+print(json.dumps({"rows": [[r.id, str(r.state), r.reason, r.late] for r in rows], "text": format_status(rows, patches, 4000)}))
 """
 
 
@@ -247,10 +251,14 @@ def test_a_late_import_of_torch_modules_reads_imported_too_late_never_drift(tmp_
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.splitlines()[-1])
-    rows = {pid: (state, reason) for pid, state, reason in report["rows"]}
+    rows = {pid: (state, reason) for pid, state, reason, _ in report["rows"]}
+    late = {pid: module for pid, _, _, module in report["rows"] if module}
     assert not [pid for pid, (state, _) in rows.items() if state == "drift"], rows
     failed = {pid: reason for pid, (state, reason) in rows.items() if state == "failed"}
     assert failed and all(r.startswith("imported too late: ") for r in failed.values()), failed
+    # Each names, as a field, the module imported first (FSDP and DTensor import utils.checkpoint too).
+    assert set(late) == set(failed), late
+    assert late["fsdp-unused-params-backward-order"] == "torch.distributed.fsdp._fully_shard._fsdp_state", late
     # Two patches of FSDP2's _fsdp_state (2.12-2.15; on 2.11 only the first is needed).
     fsdp_state = ("fsdp-unused-params-backward-order", "fsdp-shared-param-grouping-message")
     shared = [p for p in fsdp_state if rows[p][0] != "not needed"]

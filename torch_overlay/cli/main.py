@@ -53,7 +53,7 @@ import torch_overlay
 rows = torch_overlay.status()
 loaded = sorted({t.module for r in rows for t in r.targets} & set(sys.modules))
 rows = [r for r in rows if {t.module for t in r.targets} & set(loaded)]
-print(json.dumps({"loaded": loaded, "rows": [[r.id, str(r.state), r.reason] for r in rows]}))
+print(json.dumps({"loaded": loaded, "rows": [[r.id, str(r.state), r.late] for r in rows]}))
 """
 
 
@@ -84,10 +84,9 @@ def late_import_probe() -> dict[str, object] | None:
         found = json.loads(proc.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
-    late = "imported too late"
     return {
         "imported_by_import_torch": found["loaded"],
-        "lost": [pid for pid, state, reason in found["rows"] if state == "failed" and reason.startswith(late)],
+        "lost": [pid for pid, state, late in found["rows"] if state == "failed" and late],
         # Their changed functions are swapped in (a patch of other modules too applies at their import).
         "swapped": [pid for pid, state, _ in found["rows"] if state in ("applied", "pending")],
     }

@@ -36,6 +36,7 @@ class Entry:
         "_source",
         "state",
         "reason",
+        "late",
         "variant",
         "component",
         "plans",
@@ -63,6 +64,7 @@ class Entry:
         self._source = source
         self.state = state
         self.reason = reason
+        self.late = ""  # FAILED because this module was imported before the overlay, or ""
         self.variant: PatchFile | None = None
         self.component: Component | None = None
         # Immutable until set: an entry is made per patch at every import, and a container each

@@ -111,7 +111,7 @@ def decide_component(
                         mine = {t.module for t in entry.targets}
                         earlier, module = next(((i, m) for i, m in lost.items() if m in mine), next(iter(lost.items())))
                         reason = LATE_DEPENDENT.format(earlier=earlier, module=module)
-                        outcomes[id(entry)] = Outcome(PatchState.FAILED, reason, on_ideal.variant)
+                        outcomes[id(entry)] = Outcome(PatchState.FAILED, reason, on_ideal.variant, late=module)
                         continue
             if decision.state != PatchState.APPLIED:
                 outcomes[id(entry)] = Outcome(decision.state, decision.reason, decision.variant)
@@ -133,7 +133,7 @@ def decide_component(
             except CodeSwapError as exc:
                 module = component.targets[late[0]].module
                 reason = LATE_IMPORT.format(module=module, why=exc)
-                outcomes[id(entry)] = Outcome(PatchState.FAILED, reason, decision.variant)
+                outcomes[id(entry)] = Outcome(PatchState.FAILED, reason, decision.variant, late=module)
                 if ideal is None:
                     ideal = decision.texts
                 lost.setdefault(entry.id, module)

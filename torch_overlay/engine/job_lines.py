@@ -42,17 +42,12 @@ LATE_REMEDY = (
 
 
 def _lost(entries: list[Entry]) -> list[Entry]:
-    return [e for e in entries if e.state == PatchState.FAILED and e.reason.startswith(LATE)]
+    return [e for e in entries if e.state == PatchState.FAILED and e.late]
 
 
 def _late_modules(entries: list[Entry]) -> list[str]:
-    """The modules imported before the overlay that cost ``entries`` (each reason names it first)."""
-    out = []
-    for e in entries:
-        words = e.reason.split(" was imported before torch_overlay", 1)[0].split()
-        if words:
-            out.append(words[-1])
-    return list(dict.fromkeys(out))
+    """The modules imported before the overlay that cost ``entries``."""
+    return list(dict.fromkeys(e.late for e in entries if e.late))
 
 
 def late_warning(lost: list[Entry]) -> str:

@@ -31,7 +31,7 @@ from .import_failures import FailedImports
 from .importhook import ImportHook
 from .other_torch import left_to_another_torch
 from .series_index import folder_key, indexed_series_and_key
-from .job_lines import JobVoice, LATE, late_warning, summary_line
+from .job_lines import JobVoice, late_warning, summary_line
 from .roster import Roster
 from .once_per_job import says, warn
 
@@ -166,7 +166,7 @@ class Overlay:
                 continue
             entry.variant = outcome.variant
             if outcome.state != PatchState.APPLIED:
-                self._set(entry, outcome.state, outcome.reason)
+                self._set(entry, outcome.state, outcome.reason, outcome.late)
                 continue
             entry.changes = {component.targets[p].module for p in outcome.paths}
             entry.swapped = entry.changes & imported
@@ -284,13 +284,13 @@ class Overlay:
         return needs_restart
 
     # ---------------------------------------------------------------- report
-    def _set(self, entry: Entry, state: PatchState, reason: str) -> None:
-        entry.state, entry.reason = state, reason
+    def _set(self, entry: Entry, state: PatchState, reason: str, late: str = "") -> None:
+        entry.state, entry.reason, entry.late = state, reason, late
         if state in (PatchState.DRIFT, PatchState.FAILED):
             if entry.warned:
                 return
             entry.warned = True
-            if reason.startswith(LATE):  # said with the others it cost, once (:meth:`_warn_late`)
+            if late:  # said with the others it cost, once (:meth:`_warn_late`)
                 self._late.append(entry)
                 return
             warn(f"torch_overlay: patch {entry.id} {state}: {reason}; torch is left unpatched")
@@ -395,5 +395,6 @@ def _status_row(e: Entry) -> PatchStatus:
         state=e.state,
         reason=e.reason,
         variant=e.variant.name if e.variant else "",
+        late=e.late,
         mode=_mode(e),
     )
