@@ -21,6 +21,8 @@ Usage: ./build.sh VERB [ARGS]
                        TORCH_OVERLAY_TEST_LEG=light ./build.sh test: CI's light leg, what can differ
                        between torches (each fix's Quick-Test/Error-Test, the engine, status and explain,
                        one launcher job), in a few minutes; its summary says why the rest is skipped
+                       TORCH_OVERLAY_TEST_JOBS=N ./build.sh test: N pytest processes share the run (each
+                       takes the next test class or module; CI runs 2), outputs printed at the end
   lint                 ruff (lint and format check) and mypy, as configured in pyproject.toml, from a
                        private venv of pinned versions ($TORCH_OVERLAY_VENVS/lint; no torch needed)
   bench [--smoke]      import-time and fix benchmarks (--smoke: each runs tiny, in seconds: that they run)
@@ -190,12 +192,46 @@ cmd_test() {
   fi
   echo "== torch_overlay test suite on torch $TORCH_VERSION ($py)"
   cd "$ROOT"
+  local jobs="${TORCH_OVERLAY_TEST_JOBS:-1}"
+  [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "error: TORCH_OVERLAY_TEST_JOBS=$jobs is not a number of processes" >&2; return 2; }
+  local paths
+  paths="$(test_paths_given "$@" || echo tests)"
+  [ "$jobs" -gt 1 ] && { run_test_jobs "$py" "$jobs" $paths "$@"; return; }
   local cache rc=0
   cache="$(mktemp -d)"
   # A private inductor cache: a graph cached by another run must not hide a bug or a fix.
   TORCHINDUCTOR_CACHE_DIR="$cache" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
-    "$py" -m pytest -q -p no:cacheprovider -o addopts="" --durations=15 $(test_paths_given "$@" || echo tests) "$@" || rc=$?
+    "$py" -m pytest -q -p no:cacheprovider -o addopts="" --durations=15 $paths "$@" || rc=$?
   rm -rf "$cache"
+  return $rc
+}
+
+# PYTHON JOBS PYTEST_ARGS...: one suite run by JOBS pytest processes at once, each taking the next
+# unclaimed test class or module (tests/_shards.py), each with its own inductor cache; their
+# outputs are printed one after the other when all have ended, and any failure fails the run.
+run_test_jobs() {
+  local py="$1" jobs="$2" work rc=0 i
+  shift 2
+  work="$(mktemp -d)"
+  mkdir "$work/claims"
+  echo "   in $jobs pytest processes at once (TORCH_OVERLAY_TEST_JOBS=$jobs); each prints its tests when all have ended"
+  local pids=()
+  for ((i = 1; i <= jobs; i++)); do
+    mkdir "$work/inductor-$i"
+    TORCH_OVERLAY_TEST_CLAIMS="$work/claims" TORCHINDUCTOR_CACHE_DIR="$work/inductor-$i" \
+      PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
+      "$py" -m pytest -q -p no:cacheprovider -o addopts="" --durations=15 "$@" >"$work/out-$i" 2>&1 &
+    pids+=($!)
+  done
+  for ((i = 1; i <= jobs; i++)); do
+    wait "${pids[$((i - 1))]}" || rc=1
+  done
+  for ((i = 1; i <= jobs; i++)); do
+    echo "== pytest process $i of $jobs"
+    cat "$work/out-$i"
+  done
+  rm -rf "$work"
+  [ $rc -eq 0 ] || echo "error: a pytest process of the suite failed (its output is above)" >&2
   return $rc
 }
 

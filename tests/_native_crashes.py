@@ -38,7 +38,14 @@ def _crash_head(report: pytest.TestReport) -> str:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool:
+    run_item(item, nextitem)
+    return True
+
+
+def run_item(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """pytest's protocol for one item (``nextitem``: what runs next, for the fixtures' teardown),
+    run a second time after a worker's death by a signal."""
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     reports = runtestprotocol(item, nextitem=nextitem, log=False)
     signal = next((s for s in map(killed_by_signal, reports) if s is not None), None)
@@ -50,7 +57,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     for report in reports:
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-    return True
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -15,7 +15,7 @@ os.environ.setdefault("TORCH_OVERLAY_QUIET", "1")
 # before torch_overlay would otherwise leave every later module's patches on the late path.
 import torch_overlay  # noqa: E402, F401
 
-pytest_plugins = ["tests._native_crashes"]
+pytest_plugins = ["tests._native_crashes", "tests._shards"]
 
 
 def pytest_unconfigure(config: object) -> None:

@@ -45,6 +45,8 @@ _TOOLING = (
     "TORCH_OVERLAY_BASE_PYTHON",
     "TORCH_OVERLAY_SKIP_WHEEL_TEST",
     "TORCH_OVERLAY_TEST_LEG",
+    "TORCH_OVERLAY_TEST_JOBS",  # pytest processes sharing one suite run (tests/_shards.py)
+    "TORCH_OVERLAY_TEST_CLAIMS",  # the folder where they claim test classes and modules
     "TORCH_OVERLAY_REACH_DIR",  # compare's reach plugin: where a test's processes leave their counts
 )
 KNOWN_VARIABLES = frozenset((*SWITCHES, *_TOOLING, REPORTED))
