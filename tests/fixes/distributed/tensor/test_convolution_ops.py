@@ -12,6 +12,8 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
     with_comms,
 )
 
+from tests.fixes._torch_gates import skip_before
+
 
 class TestDtensorConvDepthwiseChannelShard(DTensorTestBase):
     @property
@@ -110,6 +112,30 @@ class TestDtensorConvBackwardWidthShard(DTensorTestBase):
     @with_comms
     def test_conv1d_last_dim_shard(self) -> None:
         self._check_last_dim_shard((2, 3, 12), (3,))
+
+    @skip_before("2.12", "convolution has no single-dim strategy")
+    @with_comms
+    def test_bare_strategy_function_expands_to_the_mesh(self) -> None:
+        # Callers may expand a single-dim strategy function itself, not its registration: the
+        # full-mesh filter is read from a registration only.
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+        from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, RuntimeSchemaInfo
+        from torch.distributed.tensor._ops._conv_ops import convolution_single_dim_strategy
+        from torch.distributed.tensor._ops.single_dim_strategy import _expand_single_dim_strategy_to_mesh
+
+        def meta(t: torch.Tensor) -> TensorMeta:
+            return TensorMeta(t.shape, t.stride(), t.dtype)
+
+        mesh = self.build_device_mesh()
+        x, w, out = torch.empty(2, 3, 4, 8), torch.empty(2, 3, 2, 2), torch.empty(2, 2, 2, 4)
+        inputs = [OpStrategy([OpSpec(DTensorSpec(mesh, (Replicate(),), meta(t)))]) for t in (x, w)]
+        op = torch.ops.aten.convolution.default
+        args = (*inputs, None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1)
+        op_schema = OpSchema(op, args, {}, schema_info=RuntimeSchemaInfo(2))
+        expand = _expand_single_dim_strategy_to_mesh(mesh, op_schema, convolution_single_dim_strategy, meta(out))
+        strategy = expand(op, op_schema.args_meta, op_schema.kwargs_meta)
+        self.assertIsInstance(strategy, OpStrategy)
+        self.assertIn(Shard(3), [spec.output_spec.placements[0] for spec in strategy.strategies])
 
 
 TestDtensorConvBackwardWidthShardWithLocalTensor = create_local_tensor_test_class(TestDtensorConvBackwardWidthShard)
