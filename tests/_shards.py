@@ -42,7 +42,9 @@ class Claims:
         if group not in self._mine:
             name = hashlib.sha1(group.encode()).hexdigest()
             try:
-                os.close(os.open(self.folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                fd = os.open(self.folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                with os.fdopen(fd, "w") as f:  # which process ran which group, for a failure's reader
+                    f.write(f"{os.getpid()} {group}\n")
                 self._mine[group] = True
             except FileExistsError:
                 self._mine[group] = False
