@@ -196,22 +196,22 @@ cmd_test() {
   [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "error: TORCH_OVERLAY_TEST_JOBS=$jobs is not a number of processes" >&2; return 2; }
   local paths
   paths="$(test_paths_given "$@" || echo tests)"
-  [ "$jobs" -gt 1 ] && { run_test_jobs "$py" "$jobs" $paths "$@"; return; }
+  local pytest=("$py" -m pytest -q -p no:cacheprovider -o addopts="" --durations=15 $paths "$@")
+  [ "$jobs" -gt 1 ] && { run_test_jobs "$jobs" "${pytest[@]}"; return; }
   local cache rc=0
   cache="$(mktemp -d)"
   # A private inductor cache: a graph cached by another run must not hide a bug or a fix.
-  TORCHINDUCTOR_CACHE_DIR="$cache" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
-    "$py" -m pytest -q -p no:cacheprovider -o addopts="" --durations=15 $paths "$@" || rc=$?
+  TORCHINDUCTOR_CACHE_DIR="$cache" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "${pytest[@]}" || rc=$?
   rm -rf "$cache"
   return $rc
 }
 
-# PYTHON JOBS PYTEST_ARGS...: one suite run by JOBS pytest processes at once, each taking the next
+# JOBS PYTEST_COMMAND...: one suite run by JOBS such pytest processes at once, each taking the next
 # unclaimed test class or module (tests/_shards.py), each with its own inductor cache; their
 # outputs are printed one after the other when all have ended, and any failure fails the run.
 run_test_jobs() {
-  local py="$1" jobs="$2" work rc=0 i
-  shift 2
+  local jobs="$1" work rc=0 i
+  shift
   work="$(mktemp -d)"
   mkdir "$work/claims"
   echo "   in $jobs pytest processes at once (TORCH_OVERLAY_TEST_JOBS=$jobs); each prints its tests when all have ended"
@@ -219,8 +219,7 @@ run_test_jobs() {
   for ((i = 1; i <= jobs; i++)); do
     mkdir "$work/inductor-$i"
     TORCH_OVERLAY_TEST_CLAIMS="$work/claims" TORCHINDUCTOR_CACHE_DIR="$work/inductor-$i" \
-      PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
-      "$py" -m pytest -q -p no:cacheprovider -o addopts="" --durations=15 "$@" >"$work/out-$i" 2>&1 &
+      PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$@" >"$work/out-$i" 2>&1 &
     pids+=($!)
   done
   for ((i = 1; i <= jobs; i++)); do
