@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -207,3 +208,30 @@ def test_kill_all_ends_a_run_from_another_thread(tmp_path: Path) -> None:
     thread.join(60)
     assert not thread.is_alive() and runs and not runs[0].timed_out and runs[0].returncode < 0
     assert _gone(child)
+
+
+_ESCAPES = """
+import subprocess
+import sys
+
+
+def test_leaves_a_child_in_a_session_of_its_own():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    with open("child.pid", "w") as f:
+        f.write(str(child.pid))
+"""
+
+
+def test_a_child_out_of_the_group_holding_the_output_does_not_hold_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "test_escapes.py").write_text(_ESCAPES, encoding="utf-8")
+    monkeypatch.setattr("torch_overlay.cli.pytest_runner._DRAIN_S", 1.0)
+    try:
+        run = PytestRunner().run(["-q", "-s", "test_escapes.py"], overlay=False, scratch=tmp_path / "s", cwd=tmp_path)
+        assert run.reported and run.returncode == 0 and not run.timed_out
+        assert [(t, c.state) for t, c in run.cases.items()] == [
+            ("test_escapes::test_leaves_a_child_in_a_session_of_its_own", "pass")
+        ]
+    finally:
+        os.kill(_child_pid(tmp_path), signal.SIGKILL)

@@ -29,6 +29,9 @@ __all__ = ["CaseResult", "PytestRun", "PytestRunner", "STATES", "read_junit", "s
 STATES = ("pass", "fail", "error", "skipped")
 _TAGS = (("failure", "fail"), ("error", "error"), ("skipped", "skipped"))
 _TAIL_LINES = 20
+# How long to wait for the output's end once the group is killed: a process that left the group
+# (a session of its own) may still hold it open, and it is not waited for.
+_DRAIN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,8 @@ class PytestRunner:
         with self._lock:
             self._procs.add(proc)
         tail: deque[str] = deque(maxlen=_TAIL_LINES)
-        reader = threading.Thread(target=_read, args=(proc, tail, on_line), daemon=True)
+        tail_lock = threading.Lock()
+        reader = threading.Thread(target=_read, args=(proc, tail, tail_lock, on_line), daemon=True)
         reader.start()
         timed_out = threading.Event()
 
@@ -174,7 +178,7 @@ class PytestRunner:
                 timer.cancel()
             _kill_group(proc)  # a child left behind would hold the output open; an interruption ends all
             rc = proc.wait()
-            reader.join()
+            reader.join(_DRAIN_S)
             with self._lock:
                 self._procs.discard(proc)
         seconds = time.monotonic() - start
@@ -182,7 +186,9 @@ class PytestRunner:
             cases, reported = read_junit(report), True
         except (OSError, ET.ParseError):
             cases, reported = {}, False
-        return PytestRun(cases, reported, rc, timed_out.is_set(), list(tail), seconds)
+        with tail_lock:
+            lines = list(tail)
+        return PytestRun(cases, reported, rc, timed_out.is_set(), lines, seconds)
 
     def kill_all(self) -> None:
         with self._lock:
@@ -190,10 +196,13 @@ class PytestRunner:
                 _kill_group(proc)
 
 
-def _read(proc: subprocess.Popen[str], tail: deque[str], on_line: Callable[[str], None] | None) -> None:
+def _read(
+    proc: subprocess.Popen[str], tail: deque[str], lock: threading.Lock, on_line: Callable[[str], None] | None
+) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
-        tail.append(line.rstrip())
+        with lock:
+            tail.append(line.rstrip())
         if on_line is not None:
             on_line(line)
 
