@@ -12,7 +12,7 @@ import pytest
 
 from torch_overlay._config import Config
 from torch_overlay._state import Mode, PatchState, PatchStatus, Target
-from torch_overlay.engine.outcome import Outcome
+from torch_overlay.engine.components import Outcome
 
 
 def test_target_is_a_frozen_value():

@@ -15,7 +15,6 @@ from typing import Any
 from ._state import Mode, OverlayError, OverlayWarning, PatchState, PatchStatus, Target
 from ._version import __version__
 from .engine.overlay import process_overlay
-from .known.hint import install as _install_hint
 from .launch.env import inherit
 
 __all__ = [
@@ -61,6 +60,25 @@ def _activates() -> bool:
     if main in ("torch_overlay", "torch_overlay.__main__", "torch_overlay.cli.main"):
         return len(argv) > 1 and argv[1] in _CLI_VERBS_WITH_OVERLAY
     return main != "torch_overlay.tools" and not main.startswith("torch_overlay.tools.")
+
+
+def _install_hint(overlay: Any) -> None:
+    """After whatever ``sys.excepthook`` prints, one line when the error is a known bug whose fix
+    is not active here (known/hint.py, imported only when an exception escapes); once per process."""
+    previous = sys.excepthook
+    if getattr(previous, "_torch_overlay_hint", False):
+        return
+
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        previous(exc_type, exc, tb)
+        try:
+            from .known.hint import after_traceback
+        except Exception:  # noqa: BLE001 - a hint must never hide or replace the traceback
+            return
+        after_traceback(overlay, exc)
+
+    excepthook._torch_overlay_hint = True  # type: ignore[attr-defined]
+    sys.excepthook = excepthook
 
 
 _overlay = process_overlay()

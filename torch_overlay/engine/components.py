@@ -1,5 +1,9 @@
 """Group the patches the installed torch may need into components: patches that share a file.
 
+Also the engine's records of them: an :class:`Entry` per patch, a :class:`Component`, the
+:class:`ModulePlan` of a module not yet imported, and the :class:`Outcome` a decision gives an entry
+(the decider makes it, a decision record keeps it for a later process).
+
 A component is decided as one (see :mod:`.decider`), so a file is always patched by every one of
 its patches in series order, as ``apply`` does on a checkout. The records are plain classes, not
 dataclasses (see ``_state``'s docstring: this module is imported with every ``import torch``).
@@ -20,7 +24,7 @@ if TYPE_CHECKING:
     from .codeswap import SwapPlan
     from .modcode import ModuleCode
 
-__all__ = ["Component", "Entry", "group_components", "ModulePlan"]
+__all__ = ["Component", "Entry", "group_components", "ModulePlan", "Outcome"]
 
 
 _NONE: frozenset[str] = frozenset()
@@ -92,6 +96,37 @@ class Entry:
     @property
     def live(self) -> bool:
         return bool(self.swapped or self.at_import)
+
+
+class Outcome:
+    """What the decision gives one entry (APPLIED: the torch-relative paths its variant changes;
+    ``late``: the module imported before the overlay that cost it the fix, or "")."""
+
+    def __init__(
+        self,
+        state: PatchState,
+        reason: str,
+        variant: PatchFile | None,
+        paths: set[str] | None = None,
+        late: str = "",
+    ) -> None:
+        self.state = state
+        self.reason = reason
+        self.variant = variant
+        self.paths: set[str] = set() if paths is None else paths
+        self.late = late
+
+    def __repr__(self) -> str:
+        late = f", late={self.late!r}" if self.late else ""
+        return f"Outcome({self.state!r}, {self.reason!r}, paths={sorted(self.paths)}{late})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        mine = (self.state, self.reason, self.variant, self.paths, self.late)
+        return mine == (other.state, other.reason, other.variant, other.paths, other.late)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class ModulePlan:

@@ -17,9 +17,8 @@ from ..series.patchfile import PatchParseError
 from .caches.decision_record import decision_key, recall_decision, remember
 from .caches.folder import CacheFolder
 from .caches.record import file_signature, settled
-from .components import Component, Entry, ModulePlan
+from .components import Component, Entry, ModulePlan, Outcome
 from .job_lines import LATE_REMEDY
-from .outcome import Outcome
 
 if TYPE_CHECKING:
     from ..series.decide import Tried

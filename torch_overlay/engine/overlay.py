@@ -28,7 +28,6 @@ from ..series.versions import torch_installed, torch_version
 from .caches.activation_memo import recall_activation, settle_and_group
 from .caches.series_index import folder_key, indexed_series_and_key
 from .components import Component, Entry
-from .import_failures import FailedImports
 from .importhook import ImportHook
 from .other_torch import left_to_another_torch
 from .job_lines import JobVoice, late_warning, summary_line
@@ -37,6 +36,7 @@ from .once_per_job import says, warn
 
 if TYPE_CHECKING:
     from .caches.folder import CacheFolder
+    from .import_failures import FailedImports
     from .invalidate import CompileCacheSalt
     from .reach import Reach
 
@@ -68,7 +68,8 @@ class Overlay:
             lambda: None if self.reach is None else self.reach.report(),
         )
         self.problems: list[str] = []  # the series or a switch could not be read as given
-        self._imports = FailedImports(lambda entry, why: self._set(entry, PatchState.FAILED, why))
+        # Made when a module's patched code first raises (rare: its module is imported only then).
+        self._imports: FailedImports | None = None
         self._late: list[Entry] = []  # lost to a late import, not yet warned about (one warning for all)
         self.reach: Reach | None = None  # TORCH_OVERLAY_REACH=1: how often each fix's changed code ran
 
@@ -202,7 +203,8 @@ class Overlay:
             if not component.decided:
                 self._decide(component, importing=name)
             _raise_if_strict(self.config, component.entries)
-            self._imports.new_try(name)
+            if self._imports is not None:
+                self._imports.new_try(name)
             from .decider import plan_for_import
 
             plan, ready = plan_for_import(component, module, self._cache)
@@ -228,7 +230,7 @@ class Overlay:
             component = self._by_module.get(name)
             if component is None or not component.decided:
                 return
-            if self._imports.own_code_ran(component, name):  # the patched code raised: the patch failed
+            if self._imports is not None and self._imports.own_code_ran(component, name):  # the patch failed
                 return
             plan = component.modules.get(name)
             if plan is None:
@@ -245,6 +247,10 @@ class Overlay:
         """The patched source raised while the module executed: its own code runs (:mod:`.import_failures`)."""
         retry = not self.config.strict and not isinstance(exc, (KeyboardInterrupt, SystemExit))
         with self._lock:
+            if self._imports is None:
+                from .import_failures import FailedImports
+
+                self._imports = FailedImports(lambda entry, why: self._set(entry, PatchState.FAILED, why))
             self._imports.patched_code_raised(self._by_module.get(module.__name__), module.__name__, exc, retry)
         return retry
 

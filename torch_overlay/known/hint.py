@@ -1,8 +1,9 @@
 """One line after an uncaught exception that is a known bug whose fix is not active here.
 
-``import torch_overlay`` chains :func:`excepthook` in front of ``sys.excepthook``. It costs
-nothing until an exception escapes: the traceback is printed first, as before, and only then are
-the known bugs read and matched (rank 0 only under torchrun). A fix that is applied, upstream or
+``import torch_overlay`` chains a hook after ``sys.excepthook`` that calls :func:`after_traceback`
+(this module is imported only then: it costs nothing until an exception escapes). The traceback is
+printed first, as before, and only then are the known bugs read and matched (rank 0 only under
+torchrun). A fix that is applied, upstream or
 not needed says nothing: the error then has another cause.
 """
 
@@ -11,37 +12,27 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..engine.overlay import Overlay
     from .signatures import ErrorText
 
-__all__ = ["hint_for", "install"]
+__all__ = ["after_traceback", "hint_for"]
 
 _NOT_ACTIVE = ("disabled", "drift", "failed")
 
 
-def install(overlay: Overlay) -> None:
-    """Put the hint after whatever ``sys.excepthook`` prints now (once per process)."""
-    previous = sys.excepthook
-    if getattr(previous, "_torch_overlay_hint", False):
+def after_traceback(overlay: Overlay, exc: BaseException) -> None:
+    """Print the hint for ``exc``, whose traceback was just printed (rank 0 only); never raises."""
+    if os.environ.get("RANK", "0") != "0":
         return
-
-    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        previous(exc_type, exc, tb)
-        if os.environ.get("RANK", "0") != "0":
-            return
-        try:
-            line = hint_for(overlay, exc)
-        except Exception:  # noqa: BLE001 - a hint must never hide or replace the traceback
-            line = None
-        if line:
-            print(line, file=sys.stderr, flush=True)
-
-    excepthook._torch_overlay_hint = True  # type: ignore[attr-defined]
-    sys.excepthook = excepthook
+    try:
+        line = hint_for(overlay, exc)
+    except Exception:  # noqa: BLE001 - a hint must never hide or replace the traceback
+        line = None
+    if line:
+        print(line, file=sys.stderr, flush=True)
 
 
 def error_text(exc: BaseException) -> ErrorText:

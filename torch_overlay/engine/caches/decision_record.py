@@ -23,8 +23,7 @@ import sys
 from typing import Any, TYPE_CHECKING
 
 from ..._state import PatchState
-from ..components import ModulePlan
-from ..outcome import Outcome
+from ..components import ModulePlan, Outcome
 from .record import file_signature, Record
 
 if TYPE_CHECKING:
