@@ -334,7 +334,6 @@ def _pair(plan: SwapPlan, live: dict[str, list[types.FunctionType]], new_code: t
         plan.swaps += [(fn, old, new) for fn in fns if fn.__code__ is old]
 
 
-
 def _count_runs(
     plan: SwapPlan, live: dict[str, list[types.FunctionType]], old_source: str, new_source: str, cache: CodeCache
 ) -> None:

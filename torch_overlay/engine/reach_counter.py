@@ -31,7 +31,7 @@ COMPILING = "__torch_overlay_compiling__"
 _PREFIX = "torch_overlay reach:"
 
 
-class _Runs(dict):  # type: ignore[type-arg]
+class _Runs(dict[str, int]):
     """Key -> runs; a key not counted yet reads 0 (code loaded from the cache names its keys itself)."""
 
     def __missing__(self, key: str) -> int:
@@ -85,8 +85,10 @@ def count_runs(tree: ast.Module, qualnames: Iterable[str], module_name: str) -> 
 
 def _count_at_start(fn: ast.FunctionDef | ast.AsyncFunctionDef, key: str) -> None:
     body = fn.body
-    docstring = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(
-        body[0].value.value, str
+    docstring = (
+        isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
     )
     at = 1 if docstring else 0
     # On the line of the statement it precedes: tracebacks, line events and coverage see no new line.
