@@ -136,6 +136,8 @@ TINY = textwrap.dedent(
     import json, sys
     import torch_overlay
     import torch
+    import builtins  # Python 3.11's counted code asks Dynamo through this (set again once torch.compiler is in)
+    counter_asks_dynamo = builtins.__dict__.get("__torch_overlay_compiling__") is torch.compiler.is_dynamo_compiling
     import torch.distributed as dist
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -143,7 +145,7 @@ TINY = textwrap.dedent(
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     x = distribute_tensor(torch.ones(4, 4), init_device_mesh("cpu", (2,)), [Shard(0)])
     x.new_ones((4, 4))
-    print(json.dumps({"reach": torch_overlay.reach(), "profile": sys.getprofile() is not None}))
+    print(json.dumps({"reach": torch_overlay.reach(), "profile": sys.getprofile() is not None, "asks_dynamo": counter_asks_dynamo}))
     """
 )
 REACHED = "dtensor-new-factory-shard-partial"
@@ -169,6 +171,7 @@ def test_a_job_with_reach_on_says_which_fixes_ran(tmp_path):
     assert rows[REACHED]["calls"] > 0 and rows[UNREACHED]["calls"] == 0
     # 3.12+: sys.monitoring; 3.11: a counter compiled into each changed function. No profile function.
     assert out["profile"] is False
+    assert out["asks_dynamo"] is (sys.version_info < (3, 12))
     (end,) = [line for line in stderr.splitlines() if " applied in " in line]
     ran = end.split("changed code run by ", 1)[1]
     assert f"{REACHED} (" in ran and UNREACHED not in ran
@@ -176,7 +179,7 @@ def test_a_job_with_reach_on_says_which_fixes_ran(tmp_path):
 
 def test_a_job_with_reach_off_installs_no_hook(tmp_path):
     out, stderr = _run(tmp_path, TORCH_OVERLAY_REACH="0")
-    assert out == {"reach": None, "profile": False}
+    assert out == {"reach": None, "profile": False, "asks_dynamo": False}
     (end,) = [line for line in stderr.splitlines() if " applied in " in line]
     assert "changed code run" not in end
 
