@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 from torch_overlay.cli.failure_line import failure_line
-from torch_overlay.cli.verify import _case_outcome
+from torch_overlay.cli.pytest_runner import read_junit
+from torch_overlay.cli.verify import RunOutcome, _case_outcome
 
 # pytest's JUnit report of a MultiProcessTestCase failure (torch 2.13, dist-nn-broadcast-subgroup-grad):
 # the message attribute is cut after a few lines, the element text has the whole report.
@@ -34,15 +36,18 @@ E           Mismatched elements: 6 / 6 (100.0%)
 """
 
 
-def _case(tag: str, message: str, text: str) -> ET.Element:
-    case = ET.Element("testcase", time="1.5")
+def _outcome(tmp_path: Path, tag: str, message: str, text: str) -> RunOutcome:
+    """verify's outcome for a test whose JUnit report has ``<tag message=...>text</tag>``."""
+    case = ET.Element("testcase", classname="t.C", name="test_x", time="1.5")
     child = ET.SubElement(case, tag, message=message)
     child.text = text
-    return case
+    report = tmp_path / "junit.xml"
+    ET.ElementTree(case).write(report, encoding="utf-8")
+    return _case_outcome(read_junit(report)["t.C::test_x"])
 
 
-def test_a_child_process_failure_gives_the_childs_error_from_the_full_report():
-    outcome = _case_outcome(_case("failure", CHILD_MESSAGE, CHILD_TEXT))
+def test_a_child_process_failure_gives_the_childs_error_from_the_full_report(tmp_path):
+    outcome = _outcome(tmp_path, "failure", CHILD_MESSAGE, CHILD_TEXT)
     assert outcome.state == "fail"
     assert outcome.detail == "AssertionError: Tensor-likes are not close!"
 
@@ -87,6 +92,6 @@ def test_a_chained_error_gives_its_cause_and_plain_messages_still_read():
     assert failure_line("", "") == ""
 
 
-def test_skip_reasons_come_from_the_message():
-    outcome = _case_outcome(_case("skipped", "needs a GPU", "/x/test.py:3: needs a GPU"))
+def test_skip_reasons_come_from_the_message(tmp_path):
+    outcome = _outcome(tmp_path, "skipped", "needs a GPU", "/x/test.py:3: needs a GPU")
     assert (outcome.state, outcome.detail) == ("skipped", "needs a GPU")

@@ -1,4 +1,4 @@
-"""engine/activation_memo.py: a warm activation replays what the first one worked out, exactly,
+"""engine/caches/activation_memo.py: a warm activation replays what the first one worked out, exactly,
 and only for the series, torch and switches it was worked out for."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from torch_overlay.engine import activation_memo, series_index
-from torch_overlay.engine.codecache import CodeCache
+from torch_overlay.engine.caches import activation_memo, series_index
+from torch_overlay.engine.caches.folder import CacheFolder
 from torch_overlay import OverlayWarning
 from torch_overlay.engine.components import Entry
 from torch_overlay.series.series import read_series
@@ -61,14 +61,14 @@ def _activated_once(overlays, cfg):
 
 def _memo_stores(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     stored: list[str] = []
-    original = CodeCache.store
+    original = CacheFolder.store
 
-    def store(self: CodeCache, key: str, value: object) -> None:
-        if key.startswith(activation_memo.KIND):
+    def store(self: CacheFolder, key: str, value: object) -> None:
+        if activation_memo.ACTIVATION_MEMO.owns(key):
             stored.append(key)
         original(self, key, value)
 
-    monkeypatch.setattr(CodeCache, "store", store)
+    monkeypatch.setattr(CacheFolder, "store", store)
     return stored
 
 
@@ -108,14 +108,14 @@ def test_the_memo_is_per_switches(series, config, overlays) -> None:
 
 def test_the_memo_is_per_torch_release(series, config, monkeypatch) -> None:
     _, _, sandbox = series
-    cache = CodeCache(sandbox.root / "cache" / "code")
+    cache = CacheFolder(sandbox.root / "cache" / "code")
     patches, key = series_index.indexed_series_and_key(sandbox.patches, cache)
     assert key is not None
     cfg = config()
-    entries = [Entry(p) for p in patches]
+    entries = [Entry.of(p) for p in patches]
     activation_memo.settle_and_group(entries, key, cfg, cache, _settle)
     monkeypatch.setattr(activation_memo, "torch_version", lambda: "99.1.0")
-    later = [Entry(p) for p in patches]
+    later = [Entry.of(p) for p in patches]
     activation_memo.settle_and_group(later, key, cfg, cache, _settle)
     assert [str(e.state) for e in later] == ["pending", "pending", "pending"]  # 0002's bug exists in 99.1
 
@@ -127,8 +127,8 @@ def _settle(entry: Entry, state, reason: str) -> None:
 def test_a_memo_that_does_not_fit_is_not_replayed(series, config) -> None:
     _, _, sandbox = series
     patches = read_series(sandbox.patches, lazy=True)
-    entries = [Entry(p) for p in patches]
-    components = activation_memo.settle_and_group(entries, None, config(), CodeCache(None), _settle)
+    entries = [Entry.of(p) for p in patches]
+    components = activation_memo.settle_and_group(entries, None, config(), CacheFolder(None), _settle)
     memo = activation_memo.record(entries, components, set())
     by_id = {p.id: p for p in patches}
     settled: list[tuple] = []
@@ -136,46 +136,44 @@ def test_a_memo_that_does_not_fit_is_not_replayed(series, config) -> None:
     assert roster is not None  # the control: the memo as recorded fits
     assert [e.id for e in roster.every()] == ["fix", "later", "other"]
     assert [(e.id, str(state)) for e, state, _ in settled] == [("later", "not needed")]
-    _, ids, settled_rows, grouped, missing = memo
+    ids, settled_rows, grouped, missing = memo
     first, second = grouped  # ((0,), (("torch/a.py",),), files), ((2,), ...)
     x = (("torch/x.py", "torch.x", str(sandbox.patches / "series")),)  # a file that exists
     first_name = sandbox.modules[0].split(".")[1]
-    control = (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/x.py",),), x), second), missing)
+    control = (ids, settled_rows, (((0,), (("torch/x.py",),), x), second), missing)
     assert activation_memo.replay(control, by_id.__getitem__, lambda *s: None) is not None
     broken = [
-        (activation_memo.KIND, ids, ((1, "no such state", "x"),), grouped, missing),
-        (activation_memo.KIND, ids, settled_rows, ((((0, 7), ((),), ()),), second), missing),  # a member out of range
-        (activation_memo.KIND, ids, settled_rows, (((0,), ((), ()), x), second), missing),
-        (activation_memo.KIND, ids, settled_rows, (((0,), (("torch/y.py",),), x), second), missing),  # not its files
-        (activation_memo.KIND, ids, settled_rows, (((0,), ((),), x), second), missing),  # a member that changes nothing
+        (ids, ((1, "no such state", "x"),), grouped, missing),
+        (ids, settled_rows, ((((0, 7), ((),), ()),), second), missing),  # a member out of range
+        (ids, settled_rows, (((0,), ((), ()), x), second), missing),
+        (ids, settled_rows, (((0,), (("torch/y.py",),), x), second), missing),  # not its files
+        (ids, settled_rows, (((0,), ((),), x), second), missing),  # a member that changes nothing
         (
-            activation_memo.KIND,
             ids,
             settled_rows,
             (((0,), ("torch/x.py",), x), second),
             missing,
         ),  # not a tuple of paths
-        (activation_memo.KIND, ids, ((1, "upstream", 3),), grouped, missing),
-        (activation_memo.KIND, ids, ((-2, "upstream", "x"),), grouped, missing),  # a list takes -2 too
-        (activation_memo.KIND, ids, ((True, "upstream", "x"),), grouped, missing),  # True == 1
+        (ids, ((1, "upstream", 3),), grouped, missing),
+        (ids, ((-2, "upstream", "x"),), grouped, missing),  # a list takes -2 too
+        (ids, ((True, "upstream", "x"),), grouped, missing),  # True == 1
         (
-            activation_memo.KIND,
             ids,
             settled_rows,
             (((0,), (("torch/x.py",),), (("torch/x.py", "torch.x", 3),)), second),
             missing,
         ),
-        (activation_memo.KIND, ids, settled_rows, (((-3,), (("torch/x.py",),), x), second), missing),
-        (activation_memo.KIND, ids, settled_rows, (first,), missing),  # a position in no component
-        (activation_memo.KIND, ids, settled_rows, (first, first, second), missing),  # one in two
-        (activation_memo.KIND, ids, ((0, "upstream", "x"),) + settled_rows, grouped, missing),  # settled and grouped
-        (activation_memo.KIND, ("fix", 2, "other"), settled_rows, grouped, missing),  # an id not a string
-        (activation_memo.KIND, ids, ((1, "applied", "x"),), grouped, missing),  # activation applies nothing
-        (activation_memo.KIND, ids, ((1, "pending", "x"),), grouped, missing),
-        (activation_memo.KIND, ids, settled_rows, grouped, (("torch/x.py",),)),  # a lookup not (path, module)
-        (activation_memo.KIND, ids, settled_rows, grouped, ((1, "torch.x"),)),
+        (ids, settled_rows, (((-3,), (("torch/x.py",),), x), second), missing),
+        (ids, settled_rows, (first,), missing),  # a position in no component
+        (ids, settled_rows, (first, first, second), missing),  # one in two
+        (ids, ((0, "upstream", "x"),) + settled_rows, grouped, missing),  # settled and grouped
+        (("fix", 2, "other"), settled_rows, grouped, missing),  # an id not a string
+        (ids, ((1, "applied", "x"),), grouped, missing),  # activation applies nothing
+        (ids, ((1, "pending", "x"),), grouped, missing),
+        (ids, settled_rows, grouped, (("torch/x.py",),)),  # a lookup not (path, module)
+        (ids, settled_rows, grouped, ((1, "torch.x"),)),
         # A file not found then that is found now: activation runs again.
-        (activation_memo.KIND, ids, settled_rows, grouped, ((f"torch/{first_name}.py", sandbox.modules[0]),)),
+        (ids, settled_rows, grouped, ((f"torch/{first_name}.py", sandbox.modules[0]),)),
     ]
     for poison in broken:
         assert activation_memo.replay(poison, by_id.__getitem__, lambda *s: pytest.fail("settled")) is None, poison
@@ -190,11 +188,11 @@ def test_a_poisoned_memo_is_ignored_and_rewritten(series, config, overlays) -> N
     from torch_overlay.series.versions import torch_root, torch_version
 
     memo_key = activation_memo.memo_key(key, torch_version(), str(torch_root()), cfg)
-    cache.store(memo_key, (activation_memo.KIND, ("x",), (), ()))
+    cache.store(memo_key, (("x",), (), ()))
     second = overlays(cfg)
     second.activate()
     assert _rows(second) == _rows(first)
-    assert cache.load(memo_key, activation_memo._is_memo)[0][1] == ("fix", "later", "other")
+    assert activation_memo.ACTIVATION_MEMO.load(cache, memo_key)[0][0] == ("fix", "later", "other")
 
 
 def test_a_target_file_gone_since_the_memo_fails_its_patch_not_the_import(series, config, overlays) -> None:
@@ -228,11 +226,11 @@ def test_a_warm_activation_makes_only_the_patches_it_decides(series, config, ove
     assert made() == ["fix", "later", "other"]
 
 
-def _spoil_index_rows(cache: CodeCache, patches: Path, pid: str) -> None:
+def _spoil_index_rows(cache: CacheFolder, patches: Path, pid: str) -> None:
     """The index as stored, but with the rows of ``pid`` not what the index makes."""
     key = series_index.series_key(patches)[0]
-    kind, rows = cache.load(key, series_index._is_index)[0]
-    cache.store(key, (kind, {**rows, pid: b"not rows"}))
+    rows = series_index.SERIES_INDEX.load(cache, key)[0]
+    cache.store(key, {**rows, pid: b"not rows"})
 
 
 def _recalled_with_rows_spoiled(overlays, cfg, sandbox, pid: str):
@@ -273,11 +271,10 @@ def test_a_memo_and_index_that_agree_on_ids_that_are_not_strings_are_ignored(ser
     key = series_index.series_key(sandbox.patches)[0]
     from torch_overlay.series.versions import torch_root, torch_version
 
-    cache.store(key, (series_index.KIND, {1: b"", 2: b"", 3: b""}))
-    memo = cache.load(activation_memo.memo_key(key, torch_version(), str(torch_root()), cfg), activation_memo._is_memo)[
-        0
-    ]
-    cache.store(activation_memo.memo_key(key, torch_version(), str(torch_root()), cfg), (memo[0], (1, 2, 3), *memo[2:]))
+    cache.store(key, {1: b"", 2: b"", 3: b""})
+    memo_key = activation_memo.memo_key(key, torch_version(), str(torch_root()), cfg)
+    memo = activation_memo.ACTIVATION_MEMO.load(cache, memo_key)[0]
+    cache.store(memo_key, ((1, 2, 3), *memo[1:]))
     second = overlays(cfg)
     second.activate()  # neither is believed: the series is read from its files
     assert _rows(second) == _rows(first)
@@ -300,8 +297,8 @@ def test_an_index_that_does_not_name_the_memos_patches_in_order_is_not_believed(
     cfg = config(cache_dir=sandbox.root / "cache")
     first = _activated_once(overlays, cfg)
     key = series_index.series_key(sandbox.patches)[0]
-    kind, rows = first._cache.load(key, series_index._is_index)[0]
-    first._cache.store(key, (kind, dict(reversed(rows.items()))))  # rows as made, another order
+    rows = series_index.SERIES_INDEX.load(first._cache, key)[0]
+    first._cache.store(key, dict(reversed(rows.items())))  # rows as made, another order
     second = overlays(cfg)
     second.activate()  # the memo is recalled; the index is not read yet
     assert importlib.import_module(name).answer() == 42

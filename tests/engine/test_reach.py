@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from torch_overlay.engine.codecache import CodeCache
+from torch_overlay.engine.caches.folder import CacheFolder
 from torch_overlay.engine.modcode import compile_module
 from torch_overlay.engine.reach import Reach
 from torch_overlay.engine.reach_counter import counted_key
@@ -226,7 +226,7 @@ RAISES_FIXED = RAISES.replace("y > 2", "y > 3").replace("torch.sin(x) * 2", "tor
 
 def _compiled(tmp_path, counting):
     steps = [("fix-r", RAISES_FIXED)]
-    return compile_module(CodeCache(tmp_path / "code", counting), "torch._r", tmp_path / "r.py", RAISES, steps)
+    return compile_module(CacheFolder(tmp_path / "code", counting), "torch._r", tmp_path / "r.py", RAISES, steps)
 
 
 def _functions(code):

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from torch_overlay.engine import series_index
-from torch_overlay.engine.codecache import CodeCache
-from torch_overlay.engine.series_index import read_indexed_series, series_key
+from torch_overlay.engine.caches import record, series_index
+from torch_overlay.engine.caches.folder import CacheFolder
+from torch_overlay.engine.caches.series_index import read_indexed_series, series_key
 from torch_overlay.series.patchfile import INDEXED_FIELDS, parse_patch, PatchParseError
 from torch_overlay.series.series import read_series
 
@@ -86,7 +86,7 @@ def test_a_damaged_index_is_rebuilt_while_the_memo_holds(tmp_path: Path) -> None
         "TORCH_OVERLAY_QUIET": "1",
     }
     _opened(env)  # fills the index and the memo
-    entry, _ = CodeCache(tmp_path / "cache" / "code")._entry(series_key(patches)[0])
+    entry, _ = CacheFolder(tmp_path / "cache" / "code")._entry(series_key(patches)[0])
     assert entry.is_file()
     entry.write_bytes(entry.read_bytes()[:-7] + b"damaged")
     damaged = _opened(env)
@@ -101,7 +101,7 @@ def indexed(sandbox):
     name, path = sandbox.module(MODULE)
     sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
     _age(sandbox.patches)
-    return name, sandbox.patches, CodeCache(sandbox.root / "cache" / "code")
+    return name, sandbox.patches, CacheFolder(sandbox.root / "cache" / "code")
 
 
 def _reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -141,7 +141,7 @@ def test_the_index_gives_the_series_without_reading_it(indexed, monkeypatch) -> 
 def test_the_real_series_reads_the_same_from_its_index(tmp_path) -> None:
     patches = tmp_path / "patches"
     shutil.copytree(REPO / "patches", patches)
-    cache = CodeCache(tmp_path / "cache")
+    cache = CacheFolder(tmp_path / "cache")
     read_indexed_series(patches, cache)
     fresh = read_series(patches, lazy=True)
     again = read_indexed_series(patches, cache)
@@ -174,9 +174,10 @@ def test_an_edited_patch_takes_effect_in_the_next_process(indexed, config, overl
 
 
 def test_a_series_written_just_now_is_read_not_indexed(sandbox, monkeypatch) -> None:
+    monkeypatch.setattr(record, "RACY_NS", 2_000_000_000)  # the sandbox sets it to 0
     _, path = sandbox.module(MODULE)
     sandbox.series(("0001-fix.patch", make_patch("fix", [make_diff(path, MODULE, PATCHED)])))
-    cache = CodeCache(sandbox.root / "cache")
+    cache = CacheFolder(sandbox.root / "cache")
     stored: list[str] = []
     monkeypatch.setattr(cache, "store", lambda key, value: stored.append(key))
     read_indexed_series(sandbox.patches, cache)
@@ -225,7 +226,7 @@ def test_a_patch_edited_after_it_was_indexed_is_not_believed(indexed) -> None:
         variant.files  # noqa: B018 - its hunks are read now, from a file that is not the one indexed
 
 
-def _entry(cache: CodeCache, patches: Path) -> Path:
+def _entry(cache: CacheFolder, patches: Path) -> Path:
     return cache._entry(series_key(patches)[0])[0]
 
 
@@ -236,10 +237,9 @@ def test_a_truncated_index_is_ignored_and_rebuilt(indexed) -> None:
     entry.write_bytes(entry.read_bytes()[:-7])
     again = read_indexed_series(patches, cache)
     assert [p.id for p in again] == ["fix"]
-    assert cache.load(series_key(patches)[0], series_index._is_index) is not None  # rebuilt
+    assert series_index.SERIES_INDEX.load(cache, series_key(patches)[0]) is not None  # rebuilt
 
 
-K = series_index.KIND
 FIELDS = {"Overlay-Id": "fix"}
 
 
@@ -252,28 +252,24 @@ def _rows(*rows: object) -> dict[str, bytes]:
     "poison",
     [
         "not an index",
-        (K, _rows(("../../outside.patch", "s", FIELDS, ("torch/x.py",), bytes(32)))),
-        (K, _rows(("..", "s", FIELDS, ("torch/x.py",), bytes(32)))),
-        (K, _rows(("0001-fix.patch", "s", {"Overlay-Id": 1}, ("torch/x.py",), bytes(32)))),
-        (
-            K,
-            _rows(("0001-fix.patch", "s", {"Overlay-Id": "fix", "Symptom": "not indexed"}, ("torch/x.py",), bytes(32))),
-        ),
-        (K, _rows(("0001-fix.patch", "s", {"Bug": "no id"}, ("torch/x.py",), bytes(32)))),
-        (K, _rows(("0001-fix.patch", "s", {"Overlay-Id": "another"}, ("torch/x.py",), bytes(32)))),  # not its id
-        (K, _rows(("0001-fix.patch", "s", FIELDS, ("/etc/passwd",), bytes(32)))),
-        (K, _rows(("0001-fix.patch", "s", FIELDS, ("torch/x.py",), "0" * 64))),  # a str where the digest belongs
-        (K, _rows(("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(31)))),
-        (K, _rows(["0001-fix.patch", "s", FIELDS, ["torch/x.py"], bytes(32)])),
-        (K, _rows(("an error row before a variant",), ("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32)))),
-        (K, _rows()),
-        (K, {"fix": b"not marshal"}),
-        (K, {"fix": marshal.dumps([("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32))])}),
-        (K, {1: marshal.dumps((("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32)),))}),
-        (K, {"fix": (("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32)),)}),  # not marshalled apart
-        ("another kind", {}),
-        (K, {}),
-        (K, [("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32))]),  # the format before
+        _rows(("../../outside.patch", "s", FIELDS, ("torch/x.py",), bytes(32))),
+        _rows(("..", "s", FIELDS, ("torch/x.py",), bytes(32))),
+        _rows(("0001-fix.patch", "s", {"Overlay-Id": 1}, ("torch/x.py",), bytes(32))),
+        _rows(("0001-fix.patch", "s", {"Overlay-Id": "fix", "Symptom": "not indexed"}, ("torch/x.py",), bytes(32))),
+        _rows(("0001-fix.patch", "s", {"Bug": "no id"}, ("torch/x.py",), bytes(32))),
+        _rows(("0001-fix.patch", "s", {"Overlay-Id": "another"}, ("torch/x.py",), bytes(32))),  # not its id
+        _rows(("0001-fix.patch", "s", FIELDS, ("/etc/passwd",), bytes(32))),
+        _rows(("0001-fix.patch", "s", FIELDS, ("torch/x.py",), "0" * 64)),  # a str where the digest belongs
+        _rows(("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(31))),
+        _rows(["0001-fix.patch", "s", FIELDS, ["torch/x.py"], bytes(32)]),
+        _rows(("an error row before a variant",), ("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32))),
+        _rows(),
+        {"fix": b"not marshal"},
+        {"fix": marshal.dumps([("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32))])},
+        {1: marshal.dumps((("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32)),))},
+        {"fix": (("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32)),)},  # not marshalled apart
+        ("another kind", {}),  # the format before
+        [("0001-fix.patch", "s", FIELDS, ("torch/x.py",), bytes(32))],
         [1, 2, 3],
     ],
 )

@@ -11,7 +11,7 @@ from pathlib import Path
 from torch_overlay.engine.warm import warm
 
 from .test_apply import _state, overlays, PATCHED  # noqa: F401  (overlays is a fixture)
-from .test_decision_cache import _new_process, _reads, two_modules  # noqa: F401  (two_modules is a fixture)
+from .test_decision_record import _new_process, _reads, two_modules  # noqa: F401  (two_modules is a fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from torch_overlay.tools import compare as compare_module
-from torch_overlay.tools.compare import Difference, Slowdown, compare, durations, run_compare, slowdowns
+from torch_overlay.tools.compare import Difference, Slowdown, compare, run_compare, slowdowns
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -158,15 +158,6 @@ def test_slowdowns_need_both_the_ratio_and_the_seconds() -> None:
         Slowdown("slow", 10.0, 16.0),
         Slowdown("zero", 0.0, 6.0),
     ]
-
-
-def test_durations_read_from_the_junit_report(tmp_path: Path) -> None:
-    report = tmp_path / "junit.xml"
-    report.write_text(
-        '<testsuites><testsuite><testcase classname="m.C" name="test_a" time="12.5"/>'
-        '<testcase classname="m.C" name="test_b"><skipped/></testcase></testsuite></testsuites>'
-    )
-    assert durations(report) == {"m.C::test_a": 12.5, "m.C::test_b": 0.0}
 
 
 _SLOWER = """

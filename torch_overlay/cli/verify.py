@@ -1,24 +1,18 @@
 """Run each fix's reproducer without and with the overlay, in pytest subprocesses, in parallel.
 
-A run is one pytest process, with ``TORCH_OVERLAY=0`` or with the overlay, over one fix's test file
-(full mode) or over the one ``Quick-Test`` of several fixes (quick mode: importing torch and the test
-modules costs more than the small tests themselves, so they share a process). Each test's outcome is
-read from pytest's JUnit XML report; the progress comes from its ``-v`` lines.
+A run is one pytest process (``pytest_runner``), with ``TORCH_OVERLAY=0`` or with the overlay, over one
+fix's test file (full mode) or over the one ``Quick-Test`` of several fixes (quick mode: importing torch
+and the test modules costs more than the small tests themselves, so they share a process). Each test's
+outcome is read from pytest's JUnit XML report; the progress comes from its ``-v`` lines.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 import tempfile
 import textwrap
 import threading
 import time
-import xml.etree.ElementTree as ET
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -27,6 +21,7 @@ from pathlib import Path
 from . import pytest_outcomes
 from .failure_line import failure_line
 from .pytest_outcomes import MARK
+from .pytest_runner import CaseResult, PytestRunner
 from ..series.series import Patch
 from .timings import Timings
 
@@ -182,13 +177,9 @@ def judge(without: RunOutcome, with_: RunOutcome) -> tuple[str, str]:
     return VERDICTS[(without.state == "pass", with_.state == "pass")]
 
 
-def _case_outcome(case: ET.Element) -> RunOutcome:
-    seconds = float(case.get("time") or 0.0)
-    for tag, state in (("failure", "fail"), ("error", "error"), ("skipped", "skipped")):
-        child = case.find(tag)
-        if child is not None:
-            return RunOutcome(state, failure_line(child.get("message") or "", child.text or ""), seconds)
-    return RunOutcome("pass", "", seconds)
+def _case_outcome(case: CaseResult) -> RunOutcome:
+    detail = failure_line(case.message, case.text) if case.state != "pass" else ""
+    return RunOutcome(case.state, detail, case.seconds)
 
 
 def _merge(outcomes: list[RunOutcome], why_none: str) -> RunOutcome:
@@ -201,11 +192,11 @@ def _merge(outcomes: list[RunOutcome], why_none: str) -> RunOutcome:
     return RunOutcome("error", why_none, seconds)
 
 
-def _junit_key(node: str) -> tuple[str, str]:
-    """``a/test_b.py::C::test_d`` -> the (classname, name) pytest's JUnit report gives it."""
+def _junit_key(node: str) -> str:
+    """``a/test_b.py::C::test_d`` -> ``a.test_b.C::test_d``, its key in pytest's JUnit report."""
     path, *scopes, name = node.split("::")
     module = path.removesuffix(".py").replace("/", ".")
-    return ".".join([module, *scopes]), name
+    return f"{'.'.join([module, *scopes])}::{name}"
 
 
 @dataclass
@@ -226,94 +217,42 @@ class _Run:
             return ["-x", *self.reproducers[0].args]
         return [str(r.node) for r in self.reproducers]
 
-    def outcomes(self, cases: list[ET.Element], why_none: str) -> dict[str, RunOutcome]:
+    def outcomes(self, cases: dict[str, CaseResult], why_none: str) -> dict[str, RunOutcome]:
         if len(self.reproducers) == 1:
-            return {self.reproducers[0].id: _merge([_case_outcome(c) for c in cases], why_none)}
-        by_key = {(c.get("classname", ""), c.get("name", "")): c for c in cases}
+            return {self.reproducers[0].id: _merge([_case_outcome(c) for c in cases.values()], why_none)}
         out = {}
         for rep in self.reproducers:
-            case = by_key.get(_junit_key(str(rep.node)))
+            case = cases.get(_junit_key(str(rep.node)))
             out[rep.id] = _case_outcome(case) if case is not None else RunOutcome("error", why_none)
         return out
 
 
-class _Runner:
-    def __init__(self, repo: Path, timeout: float) -> None:
-        self.repo, self.timeout = repo, timeout
-        self.start = time.monotonic()
-        self._procs: set[subprocess.Popen[str]] = set()
-        self._lock = threading.Lock()
+def _run_pytest(
+    runner: PytestRunner, run: _Run, repo: Path, timeout: float, on_test: Callable[[_Run, str, str], None]
+) -> tuple[dict[str, RunOutcome], float]:
+    """Run ``run``'s pytest process; each reproducer's outcome, and the process's seconds."""
 
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
+    def line(text: str) -> None:
+        m = _RESULT_LINE.match(text)
+        if m:
+            on_test(run, m.group(2), m.group(1))
 
-    def env(self, side: str, scratch: Path) -> dict[str, str]:
-        env = dict(os.environ)
-        env["TORCH_OVERLAY"] = "1" if side == "with" else "0"
-        env.pop("TORCH_OVERLAY_DISABLE", None)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.repo), env.get("PYTHONPATH")]))
-        # Fresh compile caches for each run, so neither run reuses the other's graphs.
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "inductor")
-        # The run's temporary files go with its folder: torch's MultiProcessTestCase leaves a
-        # rendezvous file per test, the test suite an overlay cache.
-        (scratch / "tmp").mkdir()
-        env["TMPDIR"] = str(scratch / "tmp")
-        return env
-
-    def run(self, run: _Run, on_test: Callable[[_Run, str, str], None]) -> tuple[dict[str, RunOutcome], float]:
-        run.started = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="torch_overlay-verify-") as tmp:
-            report = Path(tmp) / "junit.xml"
-            cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts="]
-            cmd += ["-p", pytest_outcomes.__name__]
-            cmd += [f"--junitxml={report}", *run.args]
-            proc = subprocess.Popen(
-                cmd,
-                cwd=self.repo,
-                env=self.env(run.side, Path(tmp)),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                start_new_session=True,  # so a timeout also ends the process's own workers
-            )
-            with self._lock:
-                self._procs.add(proc)
-            timed_out = threading.Event()
-            timer = threading.Timer(self.timeout, lambda: (timed_out.set(), self._kill(proc)))  # type: ignore[func-returns-value]
-            timer.start()
-            tail: deque[str] = deque(maxlen=20)
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                tail.append(line.rstrip())
-                m = _RESULT_LINE.match(line)
-                if m:
-                    on_test(run, m.group(2), m.group(1))
-            rc = proc.wait()
-            timer.cancel()
-            with self._lock:
-                self._procs.discard(proc)
-            seconds = time.monotonic() - run.started
-            if timed_out.is_set():
-                why = f"timed out after {self.timeout:.0f}s"
-            else:
-                why = f"pytest exited with {rc} before this test ran: {next((t for t in reversed(tail) if t), '')}"
-            try:
-                cases = list(ET.parse(report).getroot().iter("testcase"))
-            except (OSError, ET.ParseError):
-                cases = []
-        return run.outcomes(cases, why), seconds
-
-    def _kill(self, proc: subprocess.Popen[str]) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    def kill_all(self) -> None:
-        with self._lock:
-            for proc in list(self._procs):
-                self._kill(proc)
+    run.started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="torch_overlay-verify-") as tmp:
+        result = runner.run(
+            ["-v", *run.args],
+            overlay=run.side == "with",
+            scratch=Path(tmp),
+            cwd=repo,
+            plugins=[pytest_outcomes.__name__],
+            timeout=timeout,
+            on_line=line,
+        )
+    if result.timed_out:
+        why = f"timed out after {timeout:.0f}s"
+    else:
+        why = f"pytest exited with {result.returncode} before this test ran: {result.last_line}"
+    return run.outcomes(result.cases, why), result.seconds
 
 
 def _plan_runs(reproducers: list[Reproducer], quick: bool, jobs: int) -> list[_Run]:
@@ -347,7 +286,8 @@ def verify(
     """Each patch's verdict, in series order; ``progress`` gets one line per event."""
     say = progress or (lambda line: None)
     timings = Timings(torch_version, "quick" if quick else "full")
-    runner = _Runner(repo, timeout)
+    runner = PytestRunner()
+    began = time.monotonic()
     reps = {p.id: reproducer(p, repo, quick) for p in patches}
     found = [r for r in reps.values() if r is not None]
     runs = _plan_runs(found, quick, jobs)
@@ -360,7 +300,7 @@ def verify(
     lock = threading.Lock()
 
     def stamp(line: str) -> None:
-        say(f"[{runner.elapsed():4.0f}s] {line}")
+        say(f"[{time.monotonic() - began:4.0f}s] {line}")
 
     def left() -> str:
         pending = [r for r in runs if not r.finished]
@@ -402,7 +342,7 @@ def verify(
             what = f"{names}, {run.reproducers[0].label}"
         last = f" (last time {_fmt_s(run.estimate)})" if run.estimate is not None else ""
         stamp(f"start {run.side} the overlay: {what}{last}")
-        outcomes, wall = runner.run(run, on_test)
+        outcomes, wall = _run_pytest(runner, run, repo, timeout, on_test)
         run.finished = True
         tested = sum(o.seconds for o in outcomes.values())
         for rid, outcome in outcomes.items():

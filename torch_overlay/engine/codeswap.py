@@ -20,9 +20,12 @@ import sys
 import linecache
 import types
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, cast, TYPE_CHECKING
 
-from .codecache import CodeCache
+from .caches.compiled_code import SWAP_CODE
+
+if TYPE_CHECKING:
+    from .caches.folder import CacheFolder
 
 __all__ = ["CodeSwapError", "same_code", "SwapPlan", "plan_swap"]
 
@@ -226,23 +229,8 @@ def _compile_patched(
     return new_code, added
 
 
-def _is_compiled_patch(value: object) -> bool:
-    """The shape :func:`_compile_patched` returns (what a cache entry must unmarshal to)."""
-    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], types.CodeType)):
-        return False
-    added = value[1]
-    return isinstance(added, list) and all(
-        isinstance(a, tuple)
-        and len(a) == 3
-        and isinstance(a[0], types.CodeType)
-        and isinstance(a[1], list)
-        and isinstance(a[2], int)
-        for a in added
-    )
-
-
 def _compile_patched_cached(
-    cache: CodeCache,
+    cache: CacheFolder,
     module_name: str,
     old_source: str,
     new_source: str,
@@ -250,22 +238,22 @@ def _compile_patched_cached(
     counted: list[str] | None = None,
 ) -> tuple[types.CodeType, list[tuple[types.CodeType, list[str], int]]]:
     """:func:`_compile_patched`, memoized on disk (parsing is the slow part)."""
-    key = "\0".join(("swap", sys.version, module_name, filename, old_source, new_source))
+    key = SWAP_CODE.key(sys.version, module_name, filename, old_source, new_source)
     if counted:
         key += "\0counted\0" + "\0".join(counted)
 
     def check(value: object) -> bool:
         # Code compiled for another module's file is not believed (the key names the file; so must the code).
-        if not _is_compiled_patch(value):
-            return False
         code, added = cast("tuple[types.CodeType, list[tuple[types.CodeType, str, str]]]", value)
         return {c.co_filename for c in [code, *(a[0] for a in added)]} == {filename}
 
     build = lambda: _compile_patched(module_name, old_source, new_source, filename, counted)  # noqa: E731
-    return cache.load_or_build(key, build, check)
+    return SWAP_CODE.load_or_build(cache, key, build, check)
 
 
-def plan_swap(module: types.ModuleType, old_source: str, new_source: str, filename: str, cache: CodeCache) -> SwapPlan:
+def plan_swap(
+    module: types.ModuleType, old_source: str, new_source: str, filename: str, cache: CacheFolder
+) -> SwapPlan:
     """Work out, without changing anything, how to make ``module`` run ``new_source``.
 
     ``old_source`` must be the source the module's live code was compiled from (or was swapped to).
@@ -335,7 +323,7 @@ def _pair(plan: SwapPlan, live: dict[str, list[types.FunctionType]], new_code: t
 
 
 def _count_runs(
-    plan: SwapPlan, live: dict[str, list[types.FunctionType]], old_source: str, new_source: str, cache: CodeCache
+    plan: SwapPlan, live: dict[str, list[types.FunctionType]], old_source: str, new_source: str, cache: CacheFolder
 ) -> None:
     """Reach on Python 3.11: the functions to swap, now known, compiled again with a counter each
     (engine/reach_counter.py) and paired again: they still differ from the live code, the others not.

@@ -26,6 +26,10 @@ __all__ = ["Component", "Entry", "group_components", "ModulePlan"]
 _NONE: frozenset[str] = frozenset()
 
 
+def _made(pid: str) -> Patch:
+    raise AssertionError(f"the entry of {pid} was made with its patch")  # Entry.of sets it
+
+
 class Entry:
     """One patch in this process: its state and what it changed (compared by identity)."""
 
@@ -47,23 +51,14 @@ class Entry:
         "warned",
     )
 
-    def __init__(
-        self,
-        patch: Patch | str,
-        state: PatchState = PatchState.PENDING,
-        reason: str = "",
-        source: Callable[[str], Patch] | None = None,
-    ) -> None:
-        # A patch, or its id and where to get it when first needed (a recalled activation makes
-        # no patch until a component of it is decided: engine/activation_memo.py).
-        if isinstance(patch, str):
-            assert source is not None
-            self.id, self._patch = patch, None
-        else:
-            self.id, self._patch = patch.id, patch
+    def __init__(self, pid: str, source: Callable[[str], Patch]) -> None:
+        # The patch's id, and where to get the patch when it is first needed (a recalled activation
+        # makes no patch until a component of it is decided: engine/caches/activation_memo.py).
+        self.id = pid
+        self._patch: Patch | None = None
         self._source = source
-        self.state = state
-        self.reason = reason
+        self.state = PatchState.PENDING
+        self.reason = ""
         self.late = ""  # FAILED because this module was imported before the overlay, or ""
         self.variant: PatchFile | None = None
         self.component: Component | None = None
@@ -77,6 +72,13 @@ class Entry:
         self.targets: Sequence[Target] = ()
         self.warned = False
 
+    @classmethod
+    def of(cls, patch: Patch) -> Entry:
+        """The entry of a patch already made."""
+        entry = cls(patch.id, _made)
+        entry._patch = patch
+        return entry
+
     def __repr__(self) -> str:
         return f"Entry({self.id!r}, state={self.state!r}, reason={self.reason!r})"
 
@@ -84,7 +86,6 @@ class Entry:
     def patch(self) -> Patch:
         """The patch (its variants made when first used)."""
         if self._patch is None:
-            assert self._source is not None
             self._patch = self._source(self.id)
         return self._patch
 
@@ -136,13 +137,12 @@ class Component:
 
     def __init__(
         self,
-        entries: list[Entry] | Callable[[Component], list[Entry]],  # or what makes them when first used
-        files: dict[str, Path] | dict[str, str],  # torch-relative path -> file
+        entries: list[Entry],
+        files: dict[str, str],  # torch-relative path -> the installed file
         targets: dict[str, Target],  # path -> target
     ) -> None:
-        # A recalled component makes its members only when it is first used (engine/roster.py).
-        self._entries: list[Entry] | None = None if callable(entries) else entries
-        self._make: Callable[[Component], list[Entry]] | None = entries if callable(entries) else None
+        self._entries: list[Entry] | None = entries
+        self._make: Callable[[Component], list[Entry]] | None = None
         self._files = files
         self._paths: dict[str, Path] | None = None
         self.targets = targets
@@ -152,6 +152,15 @@ class Component:
         self.reverted = False
         # Recalled from the decision cache: ``texts`` and plans' code come on demand.
         self.remembered = False
+
+    @classmethod
+    def made_when_used(
+        cls, make: Callable[[Component], list[Entry]], files: dict[str, str], targets: dict[str, Target]
+    ) -> Component:
+        """A recalled component, whose members ``make`` makes when it is first used (engine/roster.py)."""
+        component = cls([], files, targets)
+        component._entries, component._make = None, make
+        return component
 
     def __repr__(self) -> str:
         members = [e.id for e in self._entries] if self._entries is not None else "not made"
@@ -184,7 +193,7 @@ def group_components(
     A patch keeps the variants written for torch ``version`` whose files all exist in it; with
     none, ``settle`` gives it its final state (``failed``, or ``drift`` when no variant is written
     for this torch). ``missing`` gets the (path, module) of each file looked up in vain: what a
-    recalled activation looks up again (:mod:`.activation_memo`).
+    recalled activation looks up again (:mod:`.caches.activation_memo`).
     """
     from ..series.decide import decide, fitting_variants  # here: a remembered activation groups nothing
 
@@ -231,7 +240,7 @@ def group_components(
     components = []
     for ordered in members.values():
         targets = {t.path: t for e in ordered for t in e.targets}
-        component = Component(ordered, {p: files[p] for p in targets}, targets)  # type: ignore[arg-type]  # all found: see above
+        component = Component(ordered, {p: str(files[p]) for p in targets}, targets)
         for entry in ordered:
             entry.component = component
             entry.reason = "waiting for import of " + ", ".join(t.module for t in entry.targets)

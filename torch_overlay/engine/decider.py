@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING
 
 from .._state import PatchState
 from ..series.patchfile import PatchParseError
-from .codecache import CodeCache
+from .caches.decision_record import decision_key, recall_decision, remember
+from .caches.folder import CacheFolder
+from .caches.record import file_signature, settled
 from .components import Component, Entry, ModulePlan
-from .decision_cache import decision_key, file_signature, recall, remember, settled
 from .job_lines import LATE_REMEDY
 from .outcome import Outcome
 
@@ -44,7 +45,7 @@ LATE_DEPENDENT = (
 
 
 def decide_component(
-    component: Component, importing: str | None, version: str, cache: CodeCache
+    component: Component, importing: str | None, version: str, cache: CacheFolder
 ) -> tuple[dict[int, Outcome], set[str]]:
     """Each pending entry's outcome (by ``id``) and the component's modules already imported.
 
@@ -64,7 +65,7 @@ def decide_component(
     key = None
     if not imported and not failed_early and cache.usable:  # nothing to swap: the decision may be recalled, or kept
         key = decision_key(component, version)
-        recalled = recall(key, component, cache)
+        recalled = recall_decision(key, component, cache)
         if recalled is not None:
             component.decided = True
             return recalled, imported
@@ -187,7 +188,7 @@ def _files_as_found(component: Component) -> dict[int, str]:
 def _compile_and_commit(
     modules: dict[str, ModulePlan],
     plans: list[tuple[Entry, list[SwapPlan]]],
-    cache: CodeCache,
+    cache: CacheFolder,
     compile_module: object,
 ) -> tuple[Entry, str] | None:
     """Compile every planned module, then commit the swaps; the first failing entry, or None.
@@ -217,7 +218,7 @@ def _compile_and_commit(
     return None
 
 
-def replan_swapped_module(component: Component, name: str, cache: CodeCache) -> ModulePlan:
+def replan_swapped_module(component: Component, name: str, cache: CacheFolder) -> ModulePlan:
     """The plan of a module whose functions were swapped and that is executed again
     (``importlib.reload``): it runs the patched source, or the reload would silently drop the fix."""
     from .modcode import compile_module
@@ -248,7 +249,9 @@ def _walk(component: Component, path: str, base: str) -> list[tuple[str, str]]:
     return steps
 
 
-def plan_for_import(component: Component, module: types.ModuleType, cache: CodeCache) -> tuple[ModulePlan | None, bool]:
+def plan_for_import(
+    component: Component, module: types.ModuleType, cache: CacheFolder
+) -> tuple[ModulePlan | None, bool]:
     """The plan ``module`` (being imported, its component decided) runs, and whether it is ready.
 
     None: the module runs its own code. Not ready: its file changed on disk since the decision.
@@ -270,7 +273,7 @@ def plan_for_import(component: Component, module: types.ModuleType, cache: CodeC
     return plan, True
 
 
-def load_plan_code(component: Component, plan: ModulePlan, cache: CodeCache) -> None:
+def load_plan_code(component: Component, plan: ModulePlan, cache: CacheFolder) -> None:
     """Give a recalled plan its code: from the code cache, or built again from the files.
 
     The decision was recalled for files with the plan's signature, so the patches apply as they did;

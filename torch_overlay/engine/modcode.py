@@ -10,10 +10,22 @@ import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .codecache import CodeCache
+from .caches.compiled_code import MODULE_CODE
 
-__all__ = ["ModuleCode", "compile_module", "load_module_code", "module_code_key_fits", "MODULE_LEVEL", "TAG"]
+if TYPE_CHECKING:
+    from .caches.folder import CacheFolder
+
+__all__ = [
+    "ModuleCode",
+    "compile_module",
+    "load_module_code",
+    "MODULE_CODE",
+    "module_code_key_fits",
+    "MODULE_LEVEL",
+    "TAG",
+]
 
 MODULE_LEVEL = "<module>"
 # inspect.CO_OPTIMIZED (a function's code), without importing inspect on every `import torch`.
@@ -149,25 +161,13 @@ def _build(
     return compile(tree, filename, "exec", dont_inherit=True), changed, text.splitlines(True), len(text)
 
 
-def _is_module_code(value: object) -> bool:
-    return (
-        isinstance(value, tuple)
-        and len(value) == 4
-        and isinstance(value[0], types.CodeType)
-        and isinstance(value[1], dict)
-        and all(isinstance(k, str) and isinstance(v, list) for k, v in value[1].items())
-        and isinstance(value[2], list)
-        and isinstance(value[3], int)
-    )
-
-
 # Patched code names its file like this: a name that is not on disk, so that linecache asks the
 # module's loader (which returns the patched text) rather than reading the installed file.
 TAG = "[torch_overlay]"
 
 
 def compile_module(
-    cache: CodeCache, module_name: str, file: Path, base: str, steps: list[tuple[str, str]]
+    cache: CacheFolder, module_name: str, file: Path, base: str, steps: list[tuple[str, str]]
 ) -> ModuleCode:
     """Code for ``steps[-1]``'s text (each step: a patch id and the text after it), cached on disk."""
     filename = f"{file}{TAG}"
@@ -175,16 +175,14 @@ def compile_module(
     def digest(text: str) -> str:
         return hashlib.sha256(text.encode()).hexdigest()
 
-    key = "\0".join(
-        ("module", sys.version, module_name, filename, digest(base), *(f"{p}:{digest(t)}" for p, t in steps))
-    )
+    key = MODULE_CODE.key(sys.version, module_name, filename, digest(base), *(f"{p}:{digest(t)}" for p, t in steps))
     build = lambda: _build(module_name, filename, base, steps, cache.counting)  # noqa: E731
     checked = _compiled_for(filename, [p for p, _ in steps])
-    code, changed, lines, size = cache.load_or_build(_stored_as(key, cache), build, checked)
+    code, changed, lines, size = MODULE_CODE.load_or_build(cache, _stored_as(key, cache), build, checked)
     return ModuleCode(code, changed, filename, lines, size, key)
 
 
-def _stored_as(key: str, cache: CodeCache) -> str:
+def _stored_as(key: str, cache: CacheFolder) -> str:
     """The cache entry of the code for ``key``: counted code (reach on Python 3.11) is kept apart,
     under a key of its own; a recalled decision names the plain key either way."""
     if not cache.counting:
@@ -196,27 +194,25 @@ def _stored_as(key: str, cache: CodeCache) -> str:
 
 
 def _compiled_for(filename: str, pids: list[str]) -> Callable[[object], bool]:
-    """The check of a cache entry of :func:`compile_module`: its shape, and code compiled from
+    """The check of a cache entry of :func:`compile_module` beyond its shape: code compiled from
     ``filename`` for exactly the patches ``pids`` (an entry made for another file is not run)."""
-    return lambda value: (
-        _is_module_code(value) and value[0].co_filename == filename and list(value[1]) == pids  # type: ignore[index]
-    )
+    return lambda value: value[0].co_filename == filename and list(value[1]) == pids  # type: ignore[index]
 
 
 def module_code_key_fits(key: str, module_name: str, file: Path, pids: list[str]) -> bool:
     """Whether ``key`` is one :func:`compile_module` makes for ``module_name`` at ``file`` from the
-    patches ``pids``, in order (a recalled decision names it: engine/decision_cache.py)."""
-    parts = key.split("\0")
-    head = ["module", sys.version, module_name, f"{file}{TAG}"]
-    return parts[:4] == head and [p.rpartition(":")[0] for p in parts[5:]] == pids
+    patches ``pids``, in order (a recalled decision names it: engine/caches/decision_record.py)."""
+    parts = MODULE_CODE.parts(key)
+    head = [sys.version, module_name, f"{file}{TAG}"]
+    return parts is not None and parts[:3] == head and [p.rpartition(":")[0] for p in parts[4:]] == pids
 
 
-def load_module_code(cache: CodeCache, key: str, file: Path) -> ModuleCode | None:
+def load_module_code(cache: CacheFolder, key: str, file: Path) -> ModuleCode | None:
     """The code :func:`compile_module` stored under ``key`` for ``file``, or None when the cache
     lacks it (or holds code compiled for another file or other patches)."""
     filename = f"{file}{TAG}"
-    pids = [p.rpartition(":")[0] for p in key.split("\0")[5:]]
-    found = cache.load(_stored_as(key, cache), _compiled_for(filename, pids))
+    pids = [p.rpartition(":")[0] for p in (MODULE_CODE.parts(key) or [])[4:]]
+    found = MODULE_CODE.load(cache, _stored_as(key, cache), _compiled_for(filename, pids))
     if found is None:
         return None
     code, changed, lines, size = found[0]

@@ -25,18 +25,18 @@ from ..series.versions import torch_installed, torch_version
 
 # Only what activation needs is imported here: `import torch_overlay` is on the path of every
 # job's `import torch` (README, Benchmarks); the rest is imported where it is first used.
-from .activation_memo import recall, settle_and_group
+from .caches.activation_memo import recall_activation, settle_and_group
+from .caches.series_index import folder_key, indexed_series_and_key
 from .components import Component, Entry
 from .import_failures import FailedImports
 from .importhook import ImportHook
 from .other_torch import left_to_another_torch
-from .series_index import folder_key, indexed_series_and_key
 from .job_lines import JobVoice, late_warning, summary_line
 from .roster import Roster
 from .once_per_job import says, warn
 
 if TYPE_CHECKING:
-    from .codecache import CodeCache
+    from .caches.folder import CacheFolder
     from .invalidate import CompileCacheSalt
     from .reach import Reach
 
@@ -55,7 +55,7 @@ class Overlay:
         self._by_module: dict[str, Component] = {}
         self._hook = ImportHook(self._provide, self._fallback)
         self._salt_writer: CompileCacheSalt | None = None
-        self._code_cache: CodeCache | None = None
+        self._cache_folder: CacheFolder | None = None
         self._activated = False
         self._summary_logged = False
         # The job's lines (which torch and fixes, then which were applied): the process's own
@@ -73,17 +73,17 @@ class Overlay:
         self.reach: Reach | None = None  # TORCH_OVERLAY_REACH=1: how often each fix's changed code ran
 
     @property
-    def _cache(self) -> CodeCache:
-        """The on-disk cache of patched code, made when a component is first decided."""
-        if self._code_cache is None:
-            from .codecache import CodeCache
+    def _cache(self) -> CacheFolder:
+        """The cache folder (engine/caches/), made when the overlay first reads or writes it."""
+        if self._cache_folder is None:
+            from .caches.folder import CacheFolder
 
             config = self.config
             folder = config.cache_dir / "code" if config.code_cache and config.cache_dir else None
             # TORCH_OVERLAY_REACH=1 on Python 3.11 compiles a counter into each changed function (3.12+
             # watches their code with sys.monitoring instead): engine/reach.py.
-            self._code_cache = CodeCache(folder, counting=config.reach and sys.version_info < (3, 12))
-        return self._code_cache
+            self._cache_folder = CacheFolder(folder, counting=config.reach and sys.version_info < (3, 12))
+        return self._cache_folder
 
     @property
     def _salt(self) -> CompileCacheSalt:
@@ -108,7 +108,7 @@ class Overlay:
             try:
                 # The folder's index key, once: a cold activation reads the series under it too.
                 known = folder_key(folder) if cache.usable else None
-                recalled = recall(folder, self.config, cache, known[0]) if known else None
+                recalled = recall_activation(folder, self.config, cache, known[0]) if known else None
                 if recalled is None:
                     patches, key = indexed_series_and_key(folder, cache, known)
             except SeriesError as exc:
@@ -124,7 +124,7 @@ class Overlay:
                 for entry, state, reason in settled:
                     self._set(entry, state, reason)
             else:
-                entries = [Entry(p) for p in patches]
+                entries = [Entry.of(p) for p in patches]
                 components = settle_and_group(entries, key, self.config, self._cache, self._set)
                 self._roster = Roster.of(entries, components)
             for component in self._roster.components:

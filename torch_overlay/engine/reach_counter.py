@@ -12,7 +12,7 @@ Only those functions pay. Both names are builtins, set by :func:`install` before
 runs. ``__torch_overlay_compiling__`` is ``torch.compiler.is_dynamo_compiling`` once that module is
 imported (False in eager; Dynamo folds it to True, so a traced function skips the count without a
 graph break or a guard on the counts), a function returning False before. The code cache keeps
-counted and uncounted code apart (``CodeCache.counting``).
+counted and uncounted code apart (``CacheFolder.counting``).
 """
 
 from __future__ import annotations

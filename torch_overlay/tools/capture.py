@@ -3,8 +3,9 @@
 ``explain`` recognises a bug by the ``Error:`` lines of its patch; torch rewords its messages
 between releases, so those lines are checked against the text each release really prints. This
 module runs each needed fix's ``Error-Test`` (default: its ``Quick-Test``) once without the
-overlay, in one pytest process, and keeps the exception it raised, compacted: the frames' files and
-functions and the exception lines of the chain, without source lines or the venv's path. A
+overlay, in one pytest process (``cli/pytest_runner``), and keeps the exception it raised,
+compacted: the frames' files and functions and the exception lines of the chain, without source
+lines or the venv's path. A
 reproducer that fails on the test's own comparison (an ``AssertionError`` from the test or from
 ``torch.testing``) shows a *silent* bug: torch raised nothing.
 
@@ -19,12 +20,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import traceback
 from pathlib import Path
 
+from ..cli.pytest_runner import PytestRunner
 from ..series.decide import fitting_variants
 from ..series.series import Patch
 from ..series.versions import parse_version
@@ -138,23 +139,23 @@ def capture(patches: list[Patch], repo: Path, version: str, *, timeout: float = 
         return {}
     with tempfile.TemporaryDirectory(prefix="torch_overlay-capture-") as tmp:
         out = Path(tmp) / "captured.json"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY")}
-        env.update(
-            TORCH_OVERLAY="0",
-            PYTORCH_PRINT_REPRO_ON_FAILURE="0",  # torch's tests append a "to execute this test" note
-            CAPTURE_EXCEPTIONS_JSON=str(out),
-            CAPTURE_REPO=str(repo),
-            TORCH_OVERLAY_CACHE_DIR=str(Path(tmp) / "overlay-cache"),
-            TORCHINDUCTOR_CACHE_DIR=str(Path(tmp) / "inductor"),
-            TMPDIR=tmp,
-            PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
+        extra = {
+            "PYTORCH_PRINT_REPRO_ON_FAILURE": "0",  # torch's tests append a "to execute this test" note
+            "CAPTURE_EXCEPTIONS_JSON": str(out),
+            "CAPTURE_REPO": str(repo),
+            "TORCH_OVERLAY_CACHE_DIR": str(Path(tmp) / "overlay-cache"),
+        }
+        # What ran is in the file, rewritten after each test: a timeout leaves the rest "timeout".
+        PytestRunner().run(
+            ["-q", *sorted(set(nodes.values()))],
+            overlay=False,
+            scratch=Path(tmp),
+            cwd=repo,
+            plugins=["torch_overlay.tools.capture_plugin"],
+            timeout=timeout,
+            user_switches=False,
+            extra_env=extra,
         )
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
-        cmd += ["-p", "torch_overlay.tools.capture_plugin", *sorted(set(nodes.values()))]
-        try:
-            subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass  # what ran is in the file; the rest reads "timeout"
         ran: dict[str, str | None] = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
     result: dict[str, dict[str, object]] = {}
     for pid, node in nodes.items():

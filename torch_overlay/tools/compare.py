@@ -1,9 +1,9 @@
 """``build.sh compare TEST_FILE [PYTEST ARGS]``: does the overlay change anything else?
 
 Runs a test file, typically one of PyTorch's own for a module a patch touches (fetched into a scratch
-folder, never into this repository), twice: without the overlay and with it, both through the
-launcher so that every process imports torch_overlay first, each with its own compile caches. Every
-test whose outcome differs is listed. A test that passes without the overlay and fails (or errors)
+folder, never into this repository), twice with ``cli/pytest_runner``: without the overlay and with it,
+every process importing torch_overlay first, each side with its own compile caches. Every test whose
+outcome differs is listed. A test that passes without the overlay and fails (or errors)
 with it is a regression: the exit status is then 1. Each test's time on both sides is listed too, with
 its ratio, and a test that passes both ways but takes much longer with the overlay is flagged as a
 slowdown (a finding to look into, not a failure: one run of each side on a shared machine is noisy).
@@ -12,21 +12,16 @@ slowdown (a finding to look into, not a failure: one run of each side on a share
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from ..launch.env import launch_env
+from ..cli.pytest_runner import STATES, PytestRun, PytestRunner
 
-__all__ = ["Difference", "Slowdown", "compare", "durations", "outcomes", "run_compare", "slowdowns"]
+__all__ = ["Difference", "Slowdown", "compare", "run_compare", "slowdowns"]
 
-_STATES = (("failure", "fail"), ("error", "error"), ("skipped", "skipped"))
 # A test is flagged as slower with the overlay when both of these are exceeded: the ratio alone
 # flags noise in tests of a few milliseconds, the seconds alone flag noise in long tests.
 SLOWDOWN_RATIO = 1.2
@@ -60,24 +55,6 @@ class Slowdown:
         return self.with_ / self.without if self.without > 0 else float("inf")
 
 
-def _test_cases(report: Path) -> list[tuple[str, ET.Element]]:
-    root = ET.parse(report).getroot()
-    return [(f"{case.get('classname', '')}::{case.get('name', '')}", case) for case in root.iter("testcase")]
-
-
-def outcomes(report: Path) -> dict[str, str]:
-    """``classname::name`` -> pass, fail, error or skipped, from a JUnit XML report."""
-    out: dict[str, str] = {}
-    for name, case in _test_cases(report):
-        out[name] = next((s for tag, s in _STATES if case.find(tag) is not None), "pass")
-    return out
-
-
-def durations(report: Path) -> dict[str, float]:
-    """``classname::name`` -> seconds (setup, call and teardown), from a JUnit XML report."""
-    return {name: float(case.get("time") or 0.0) for name, case in _test_cases(report)}
-
-
 def slowdowns(
     without: dict[str, float],
     with_: dict[str, float],
@@ -102,37 +79,29 @@ def compare(without: dict[str, str], with_: dict[str, str]) -> list[Difference]:
 
 def _run(
     test_file: Path, pytest_args: list[str], overlay: bool, folder: Path, timeout: float | None, reach: bool = True
-) -> Path:
+) -> tuple[str, PytestRun]:
+    """One side's run (``without``, ``with`` or ``with-reach``) in a scratch folder of its own in ``folder``."""
     side = ("with-reach" if reach else "with") if overlay else "without"
-    report = folder / f"junit-{side}.xml"
-    env = launch_env(os.environ)
-    env["TORCH_OVERLAY"] = "1" if overlay else "0"
-    env.pop("TORCH_OVERLAY_DISABLE", None)
-    cache = folder / f"cache-{side}"
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    args, plugins, extra = ["-q", test_file.name, *pytest_args], [], {}
     if overlay and reach:  # which tests ran each fix's changed code (tools/reach_plugin.py)
-        env["TORCH_OVERLAY_REACH"] = "1"
-        cmd += ["-p", "torch_overlay.tools.reach_plugin", f"{REACH_OPTION}={folder / REACH_FILE}"]
-    cmd += [f"--junitxml={report}", test_file.name, *pytest_args]
-    log = folder / f"pytest-{side}.log"
-    with open(log, "wb") as f:
-        # A session of its own, so that a timeout also ends the ranks a test spawned.
-        proc = subprocess.Popen(
-            cmd, cwd=test_file.parent, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            f.write(f"\n[compare] killed after {timeout:g} s\n".encode())
-    return report
+        extra["TORCH_OVERLAY_REACH"] = "1"
+        plugins.append("torch_overlay.tools.reach_plugin")
+        args.insert(0, f"{REACH_OPTION}={folder / REACH_FILE}")
+    run = PytestRunner().run(
+        args,
+        overlay=overlay,
+        scratch=folder / side,
+        cwd=test_file.parent,
+        plugins=plugins,
+        timeout=timeout,
+        extra_env=extra,
+    )
+    return side, run
 
 
-def _tail(path: Path, lines: int = 15) -> str:
-    text = path.read_text(errors="replace") if path.is_file() else ""
-    return "".join(f"    {line}\n" for line in text.splitlines()[-lines:])
+def _tail(run: PytestRun, timeout: float | None, lines: int = 15) -> str:
+    tail = run.tail[-lines:] + ([f"[compare] killed after {timeout:g} s"] if run.timed_out else [])
+    return "".join(f"    {line}\n" for line in tail)
 
 
 def run_compare(
@@ -158,17 +127,16 @@ def run_compare(
     with tempfile.TemporaryDirectory(prefix="torch_overlay-compare-") as tmp:
         sides, times = {}, {}
         for overlay, counting in arms:
-            report = _run(test_file, pytest_args or [], overlay, Path(tmp), timeout, counting)
-            side = report.stem.removeprefix("junit-")
-            if not report.is_file():
+            side, run = _run(test_file, pytest_args or [], overlay, Path(tmp), timeout, counting)
+            if not run.reported:
                 out.write(f"error: the run {side} the overlay wrote no report (timed out or crashed)")
                 out.write("; pytest's output ends:\n")
-                out.write(_tail(Path(tmp) / f"pytest-{side}.log"))
+                out.write(_tail(run, timeout))
                 return 2
             if side == "with-reach" and apart:
                 continue  # counts only: its outcomes are those of the run with the overlay, slower
-            sides[overlay] = outcomes(report)
-            times[overlay] = durations(report)
+            sides[overlay] = {test: case.state for test, case in run.cases.items()}
+            times[overlay] = {test: case.seconds for test, case in run.cases.items()}
         counted = _read_reach(Path(tmp) / REACH_FILE) if reach else None
     without, with_ = sides[False], sides[True]
     diffs = compare(without, with_)
@@ -178,7 +146,7 @@ def run_compare(
     t_with = {t: s for t, s in times[True].items() if t in both_pass}
     slow = slowdowns(t_without, t_with, ratio=SLOWDOWN_RATIO, seconds=SLOWDOWN_SECONDS)
     counts = {
-        name: {s: sum(1 for v in side.values() if v == s) for s in ("pass", "fail", "error", "skipped")}
+        name: {s: sum(1 for v in side.values() if v == s) for s in STATES}
         for name, side in (("without", without), ("with", with_))
     }
     for name, c in counts.items():

@@ -1,4 +1,4 @@
-"""An on-disk cache of code compiled from patched sources, like ``__pycache__``.
+"""The cache folder: values kept on disk for the next process, like ``__pycache__`` keeps bytecode.
 
 Loading an entry executes it inside torch, so an entry is read only from a folder that this user
 owns and nobody else can write to, and only if it verifies: each file carries a digest of the key
@@ -15,16 +15,15 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from .once_per_job import warn
+from ..once_per_job import warn
 
-__all__ = ["CodeCache"]
+__all__ = ["CacheFolder"]
 
-T = TypeVar("T")
-
-# Part of every key and of the file header: bump it when what callers store changes shape.
-FORMAT = b"torch_overlay code cache 7\n"
+# Part of every key's digest and of the file header: bump it when the file layout changes (what
+# each kind of entry holds is versioned by its record, engine/caches/record.py).
+FORMAT = b"torch_overlay code cache 8\n"
 _DIGEST = 32  # sha256 of the key
 _CHECKSUM = 4  # crc32 of the payload
 
@@ -41,8 +40,9 @@ def _safe_stat(st: os.stat_result) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-class CodeCache:
-    """``load_or_build(key, build, check)``: a marshal-able value cached under ``folder``."""
+class CacheFolder:
+    """``load(key, check)`` and ``store(key, value)``: marshal-able values kept under ``folder``
+    (callers go through a :class:`~.record.Record`, which keys and checks each kind)."""
 
     def __init__(self, folder: Path | None, counting: bool = False) -> None:
         self.folder = folder  # None: no disk cache
@@ -91,15 +91,6 @@ class CodeCache:
     def usable(self) -> bool:
         """Whether entries can be read and written (the folder is ready and private)."""
         return self._ready()
-
-    def load_or_build(self, key: str, build: Callable[[], T], check: Callable[[Any], bool]) -> T:
-        """The cached value for ``key`` if it verifies and passes ``check``, else ``build()`` (stored)."""
-        found = self.load(key, check)
-        if found is not None:
-            return found[0]
-        value = build()
-        self.store(key, value)
-        return value
 
     def load(self, key: str, check: Callable[[Any], bool]) -> tuple[Any] | None:
         """``(value,)`` stored for ``key`` if it verifies and passes ``check``; None otherwise."""

@@ -5,7 +5,7 @@ applies to the installed torch (``INDEXED_FIELDS``; the others are read from the
 the files its diff changes and a digest of its text (a decision and the compile caches' salt are
 keyed on it). Reading and parsing every patch file for that cost more than anything else the
 overlay adds to ``import torch``, and grew with the series. The index holds exactly that in a code
-cache entry (written atomically, in a private folder, checked before use: :mod:`.codecache`): each
+cache entry (written atomically, in a private folder, checked before use: :mod:`.folder`): each
 patch's rows, marshalled apart under its id, so that a process makes only the patches it uses
 (:class:`IndexedPatches`). Its key is made of what ``stat`` says of each entry of the series folder
 (name, size, mtime, inode, ctime): a patch edited, added, removed or renamed changes the key, and
@@ -25,20 +25,23 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
-from .._version import __version__
-from ..series.patchfile import INDEXED_FIELDS, KNOWN_FIELDS, MULTI_FIELDS, PatchFile
-from ..series.series import Patch, read_series, SeriesError
+from ..._version import __version__
+from ...series.patchfile import INDEXED_FIELDS, KNOWN_FIELDS, MULTI_FIELDS, PatchFile
+from ...series.series import Patch, read_series, SeriesError
+from . import record
+from .record import Record
 
 if TYPE_CHECKING:
-    from .codecache import CodeCache
+    from .folder import CacheFolder
 
-__all__ = ["folder_key", "IndexedPatches", "indexed_series_and_key", "read_indexed_series", "series_key"]
-
-# Bump when what the index holds, or how a patch file is parsed, changes shape.
-KIND = "series index 5"
-# A file written this recently may be rewritten within the clock's resolution without its
-# signature changing (git's "racily clean" index entries): such a series is read, not indexed.
-RACY_NS = 2_000_000_000
+__all__ = [
+    "folder_key",
+    "IndexedPatches",
+    "indexed_series_and_key",
+    "read_indexed_series",
+    "series_key",
+    "SERIES_INDEX",
+]
 
 _INDEXED = frozenset(INDEXED_FIELDS)
 
@@ -57,14 +60,14 @@ def series_key(patches_dir: Path) -> tuple[str, bool]:
     # At C speed, no bytecode per file: this runs at every import, for every file of the series.
     stats = map(os.stat, map((folder + os.sep).__add__, names))
     signatures = list(map(attrgetter("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns"), stats))
-    # A write sets the mtime to the clock's now, so the mtimes alone say whether it is racy:
-    # whether one lies within RACY_NS of now, either side.
+    # A write sets the mtime to the clock's now, so the mtimes alone say whether it is racy
+    # (record.settled, at C speed): whether one lies within RACY_NS of now, either side.
+    racy_ns = record.RACY_NS
     mtimes = sorted([mtime for _, mtime, _, _ in signatures])
-    later = bisect_right(mtimes, now - RACY_NS)
-    racy = later < len(mtimes) and mtimes[later] < now + RACY_NS
+    later = bisect_right(mtimes, now - racy_ns)
+    racy = later < len(mtimes) and mtimes[later] < now + racy_ns
     digest = hashlib.sha256(marshal.dumps((names, signatures))).hexdigest()
-    parts = [KIND, __version__, ",".join(KNOWN_FIELDS + MULTI_FIELDS), folder, digest]
-    return "\0".join(parts), not racy
+    return SERIES_INDEX.key(__version__, ",".join(KNOWN_FIELDS + MULTI_FIELDS), folder, digest), not racy
 
 
 def folder_key(patches_dir: Path) -> tuple[str, bool] | None:
@@ -75,14 +78,14 @@ def folder_key(patches_dir: Path) -> tuple[str, bool] | None:
         return None
 
 
-def read_indexed_series(patches_dir: Path, cache: CodeCache) -> list[Patch]:
+def read_indexed_series(patches_dir: Path, cache: CacheFolder) -> list[Patch]:
     """The series of ``patches_dir`` as :func:`~..series.series.read_series` (``lazy``) gives it:
     from the index when it matches the folder, else read from the files (and indexed)."""
     return indexed_series_and_key(patches_dir, cache)[0]
 
 
 def indexed_series_and_key(
-    patches_dir: Path, cache: CodeCache, known: tuple[str, bool] | None = None
+    patches_dir: Path, cache: CacheFolder, known: tuple[str, bool] | None = None
 ) -> tuple[list[Patch], str | None]:
     """:func:`read_indexed_series`, and the index key when the series is indexed under it (what
     is derived from the series alone may be cached under that key: :mod:`.activation_memo`).
@@ -93,7 +96,7 @@ def indexed_series_and_key(
     if found_key is None:
         return read_series(patches_dir, lazy=True), None  # says what is wrong with the folder
     key, storable = found_key
-    found = cache.load(key, _is_index)
+    found = SERIES_INDEX.load(cache, key)
     if found is not None:
         patches = _from_index(patches_dir, found[0])
         if patches is not None:
@@ -102,12 +105,12 @@ def indexed_series_and_key(
     # The key sees the folder's own entries only: a series that lists files elsewhere is not indexed.
     inside = all(v.path.parent == patches_dir for p in patches for v in p.variants)
     if storable and inside and folder_key(patches_dir) == (key, True):  # nothing changed while read
-        cache.store(key, _to_index(patches))
+        SERIES_INDEX.store(cache, key, _to_index(patches))
         return patches, key
     return patches, None
 
 
-def _to_index(patches: list[Patch]) -> tuple[str, dict[str, bytes]]:
+def _to_index(patches: list[Patch]) -> dict[str, bytes]:
     """The series, in order: each patch's rows (one per patch file, and one more for a file that
     could not be parsed), marshalled on their own, so that a process makes only the patches it uses."""
     import marshal
@@ -121,17 +124,21 @@ def _to_index(patches: list[Patch]) -> tuple[str, dict[str, bytes]]:
         if patch.error is not None:
             rows.append((patch.error,))
         index[patch.id] = marshal.dumps(tuple(rows))
-    return KIND, index
+    return index
 
 
 def _is_index(value: Any) -> bool:
-    return type(value) is tuple and len(value) == 2 and value[0] == KIND and type(value[1]) is dict
+    return type(value) is dict
 
 
-def _from_index(patches_dir: Path, index: tuple[str, dict[Any, Any]]) -> list[Patch] | None:
+# Bump when what the index holds, or how a patch file is parsed, changes shape.
+SERIES_INDEX = Record("series index", 6, _is_index)
+
+
+def _from_index(patches_dir: Path, index: dict[Any, Any]) -> list[Patch] | None:
     """The patches the index describes, or None if it is not exactly what :func:`_to_index` makes."""
     patches = []
-    for pid, rows in index[1].items():
+    for pid, rows in index.items():
         patch = _patch_from_index(patches_dir, pid, rows)
         if patch is None:
             return None
@@ -196,7 +203,7 @@ class IndexedPatches:
     in them fails.
     """
 
-    def __init__(self, patches_dir: Path, cache: CodeCache, key: str, ids: list[str]) -> None:
+    def __init__(self, patches_dir: Path, cache: CacheFolder, key: str, ids: list[str]) -> None:
         self._dir = patches_dir
         self._cache = cache
         self._key = key
@@ -208,8 +215,8 @@ class IndexedPatches:
         """The index's rows, loaded when a patch is first made: an index that does not list the
         caller's ids, in order, is not believed (every patch is read from the files)."""
         if self._rows is None:
-            found = self._cache.load(self._key, _is_index)
-            rows = found[0][1] if found is not None else {}
+            found = SERIES_INDEX.load(self._cache, self._key)
+            rows = found[0] if found is not None else {}
             self._rows = rows if list(rows) == self._ids else {}
         return self._rows
 
@@ -241,5 +248,5 @@ class IndexedPatches:
             return {}
         inside = all(v.path.parent == self._dir for p in patches for v in p.variants)
         if storable and inside and [p.id for p in patches] == self._ids:
-            self._cache.store(self._key, _to_index(patches))
+            SERIES_INDEX.store(self._cache, self._key, _to_index(patches))
         return {p.id: p for p in patches}

@@ -1,4 +1,4 @@
-"""The on-disk code cache executes nothing it cannot trust, and heals what it cannot read."""
+"""The cache folder executes nothing it cannot trust, and heals what it cannot read."""
 
 import importlib
 import marshal
@@ -7,12 +7,11 @@ import stat
 
 import pytest
 
-from torch_overlay.engine.codecache import checksum, CodeCache, FORMAT
+from torch_overlay.engine.caches.folder import CacheFolder, checksum, FORMAT
+from torch_overlay.engine.caches.record import Record
 
 from ._fixtures import make_diff, make_patch
 from .test_apply import _state, MODULE, overlays, PATCHED  # noqa: F401  (overlays is a fixture)
-
-KEY = "some key"
 
 
 def _build():
@@ -21,6 +20,10 @@ def _build():
 
 def _is_code(value):
     return isinstance(value, type(_build()))
+
+
+RECORD = Record("test code", 1, _is_code)
+KEY = RECORD.key("some key")
 
 
 def _entry(folder):
@@ -46,17 +49,17 @@ def _value(code):
 
 def test_folder_is_private_and_entries_are_reused(tmp_path):
     folder = tmp_path / "cache" / "code"
-    CodeCache(folder).load_or_build(KEY, _build, _is_code)
+    RECORD.load_or_build(CacheFolder(folder), KEY, _build)
     assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
     calls = []
-    value = CodeCache(folder).load_or_build(KEY, lambda: calls.append(1), _is_code)
+    value = RECORD.load_or_build(CacheFolder(folder), KEY, lambda: calls.append(1))
     assert _value(value) == 1 and calls == []
 
 
 @pytest.mark.parametrize("how", ["group-writable", "world-writable", "other-owner"])
 def test_a_folder_others_can_write_is_never_read(tmp_path, how):
     folder = tmp_path / "code"
-    CodeCache(folder).load_or_build(KEY, _build, _is_code)
+    RECORD.load_or_build(CacheFolder(folder), KEY, _build)
     _poison(folder)
     if how == "other-owner":
         if os.getuid() != 0:
@@ -65,7 +68,7 @@ def test_a_folder_others_can_write_is_never_read(tmp_path, how):
     else:
         folder.chmod(0o770 if how == "group-writable" else 0o777)
     with pytest.warns(UserWarning, match="not used"):
-        value = CodeCache(folder).load_or_build(KEY, _build, _is_code)
+        value = RECORD.load_or_build(CacheFolder(folder), KEY, _build)
     assert _value(value) == 1
 
 
@@ -73,15 +76,15 @@ def test_an_entry_owned_by_someone_else_is_never_read(tmp_path):
     if os.getuid() != 0:
         pytest.skip("needs root to chown")
     folder = tmp_path / "code"
-    CodeCache(folder).load_or_build(KEY, _build, _is_code)
+    RECORD.load_or_build(CacheFolder(folder), KEY, _build)
     os.chown(_poison(folder), 12345, -1)
-    assert _value(CodeCache(folder).load_or_build(KEY, _build, _is_code)) == 1
+    assert _value(RECORD.load_or_build(CacheFolder(folder), KEY, _build)) == 1
 
 
 @pytest.mark.parametrize("damage", ["bit-flip", "truncated", "wrong-shape", "other-key"])
 def test_a_damaged_entry_is_deleted_and_rebuilt(tmp_path, damage):
     folder = tmp_path / "code"
-    CodeCache(folder).load_or_build(KEY, _build, _is_code)
+    RECORD.load_or_build(CacheFolder(folder), KEY, _build)
     entry = _entry(folder)
     data = bytearray(entry.read_bytes())
     if damage == "bit-flip":
@@ -94,9 +97,9 @@ def test_a_damaged_entry_is_deleted_and_rebuilt(tmp_path, damage):
     else:
         data[len(FORMAT)] ^= 0x01
     entry.write_bytes(bytes(data))
-    assert _value(CodeCache(folder).load_or_build(KEY, _build, _is_code)) == 1
+    assert _value(RECORD.load_or_build(CacheFolder(folder), KEY, _build)) == 1
     assert _entry(folder).read_bytes() != bytes(data)  # rewritten
-    assert _value(CodeCache(folder).load_or_build(KEY, lambda: None, _is_code)) == 1  # and reused
+    assert _value(RECORD.load_or_build(CacheFolder(folder), KEY, lambda: None)) == 1  # and reused
 
 
 def test_a_planted_symlink_is_not_followed(tmp_path):
@@ -105,14 +108,14 @@ def test_a_planted_symlink_is_not_followed(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     # The names a writer used to use, and the entry's own name: none may be written through.
-    probe = CodeCache(folder)
-    probe.load_or_build(KEY, _build, _is_code)
+    probe = CacheFolder(folder)
+    RECORD.load_or_build(probe, KEY, _build)
     entry = _entry(folder)
     entry.unlink()
     entry.symlink_to(victim)
     for pid in range(os.getpid() - 2, os.getpid() + 3):
         (folder / f"{entry.stem}.{pid}.tmp").symlink_to(victim)
-    assert _value(CodeCache(folder).load_or_build(KEY, _build, _is_code)) == 1
+    assert _value(RECORD.load_or_build(CacheFolder(folder), KEY, _build)) == 1
     assert victim.read_text() == "precious"
 
 
@@ -123,7 +126,7 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full_disk)
-    assert _value(CodeCache(folder).load_or_build(KEY, _build, _is_code)) == 1
+    assert _value(RECORD.load_or_build(CacheFolder(folder), KEY, _build)) == 1
     assert list(folder.iterdir()) == []
 
 
@@ -155,7 +158,7 @@ def test_code_cache_switch_turns_the_disk_cache_off(sandbox, config, overlays, t
 
 def test_a_new_top_folder_is_private_too(tmp_path):
     top = tmp_path / "new" / "torch_overlay"
-    CodeCache(top / "code").load_or_build(KEY, _build, _is_code)
+    RECORD.load_or_build(CacheFolder(top / "code"), KEY, _build)
     assert stat.S_IMODE(os.stat(top).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(top / "code").st_mode) == 0o700
 
@@ -164,7 +167,7 @@ def test_a_cache_dir_that_is_a_file_is_reported(tmp_path):
     top = tmp_path / "not-a-folder"
     top.write_text("")
     with pytest.warns(UserWarning, match="not-a-folder is not a folder; it is not used"):
-        value = CodeCache(top / "code").load_or_build(KEY, _build, _is_code)
+        value = RECORD.load_or_build(CacheFolder(top / "code"), KEY, _build)
     assert _value(value) == 1
 
 
@@ -179,5 +182,5 @@ def test_nothing_is_created_in_a_refused_top_folder(tmp_path, how):
     else:
         top.chmod(0o777)
     with pytest.warns(UserWarning, match="not owned by this user or is writable by others"):
-        CodeCache(top / "code").load_or_build(KEY, _build, _is_code)
+        RECORD.load_or_build(CacheFolder(top / "code"), KEY, _build)
     assert list(top.iterdir()) == []

@@ -4,70 +4,56 @@ Deciding a component reads, patches and hashes every file it changes (on torch 2
 ``_inductor/lowering.py`` and ``ir.py``, decided during ``import torch`` because a patch also
 changes ``_meta_registrations``). A decision taken before any of the component's modules was
 imported depends only on this Python, the torch version, the texts of its patches and its files;
-it is stored in the code cache under a key made of those (a file by its size, mtime, inode and
-ctime: ``__pycache__`` trusts size and mtime; the ctime, which nobody can set back, also sees an
-in-place rewrite whose mtime was put back with ``os.utime``). A later process with the same key
+it is stored in the cache folder under a key made of those (a file by its ``stat`` signature:
+:func:`.record.file_signature`). A later process with the same key
 takes each entry's outcome from the record, and each module's compiled code from the code cache when
 that module is imported: the files are neither read nor hashed. A decision with swapped code (a
 module imported before the overlay) is never stored or recalled, nor one taken while a file's
-mtime or ctime is within ``RACY_NS`` of now (a file system with coarse timestamps could rewrite it
-within the same tick, its signature unchanged: git's "racily clean" entries).
+mtime or ctime is within ``record.RACY_NS`` of now (:func:`.record.settled`).
 
 A record is believed only if it says what a decision of this component can: every pending patch
 has an outcome, an applied one names a variant of its patch and files of the component, and each
 module's code is the code cache entry compiled for that module, from that file, for exactly the
-applied patches that change it, in series order (:func:`recall`).
+applied patches that change it, in series order (:func:`recall_decision`).
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import time
-from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
-from .._state import PatchState
-from .components import ModulePlan
-from .outcome import Outcome
+from ..._state import PatchState
+from ..components import ModulePlan
+from ..outcome import Outcome
+from .record import file_signature, Record
 
 if TYPE_CHECKING:
-    from .codecache import CodeCache
-    from .components import Component
+    from ..components import Component
+    from .folder import CacheFolder
 
-__all__ = ["decision_key", "file_signature", "recall", "remember", "settled"]
-
-KIND = "component decision 2"
-# As the series index's (engine/series_index.py): a file written this recently may change again
-# within its file system's timestamp resolution without its signature changing.
-RACY_NS = 2_000_000_000
+__all__ = ["DECISION", "decision_key", "recall_decision", "remember"]
 
 
-def file_signature(file: Path) -> tuple[int, int, int, int]:
-    """(size, mtime in ns, inode, ctime in ns) of ``file``: a rewrite changes at least one of them."""
-    st = os.stat(file)
-    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
+def _is_record(value: Any) -> bool:
+    return isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, list) for v in value)
 
 
-def settled(signatures: list[tuple[int, int, int, int]]) -> bool:
-    """Whether no file of ``signatures`` was written or changed within ``RACY_NS`` of now."""
-    now = time.time_ns()
-    return all(abs(now - t) >= RACY_NS for _, mtime, _, ctime in signatures for t in (mtime, ctime))
+DECISION = Record("component decision", 3, _is_record)
 
 
 def decision_key(component: Component, version: str) -> str:
     """What the decision of ``component`` depends on, as one string."""
-    parts = [KIND, sys.version, version]
+    parts = [sys.version, version]
     for entry in component.entries:
         if entry.state == PatchState.PENDING:
             parts.append(entry.id)
             parts += [v.digest for v in entry.patch.variants]  # from the series index: no patch is read
     for path, file in sorted(component.files.items()):
         parts.append(f"{path}={file}:{file_signature(file)}")
-    return "\0".join(parts)
+    return DECISION.key(*parts)
 
 
-def remember(key: str, component: Component, outcomes: dict[int, Outcome], cache: CodeCache) -> None:
+def remember(key: str, component: Component, outcomes: dict[int, Outcome], cache: CacheFolder) -> None:
     """Store the decision just taken (every module's code is in ``cache`` already)."""
     entries = []
     for entry in component.entries:
@@ -80,16 +66,12 @@ def remember(key: str, component: Component, outcomes: dict[int, Outcome], cache
         for name, plan in component.modules.items()
         if plan.code is not None
     ]
-    cache.store(key, (entries, modules))
+    DECISION.store(cache, key, (entries, modules))
 
 
-def _is_record(value: Any) -> bool:
-    return isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, list) for v in value)
-
-
-def recall(key: str, component: Component, cache: CodeCache) -> dict[int, Outcome] | None:
+def recall_decision(key: str, component: Component, cache: CacheFolder) -> dict[int, Outcome] | None:
     """The outcomes stored for ``key`` (and ``component.modules`` set, code loaded at import), or None."""
-    found = cache.load(key, _is_record)
+    found = DECISION.load(cache, key)
     if found is None:
         return None
     entries, modules = found[0]
@@ -146,7 +128,7 @@ def _plans_fit(component: Component, outcomes: dict[int, Outcome], plans: dict[s
         return False
     if not plans:  # every patch settled otherwise (upstream, drift): no code to check, nor modcode to import
         return True
-    from .modcode import module_code_key_fits
+    from ..modcode import module_code_key_fits
 
     return all(
         plan.target.module == name

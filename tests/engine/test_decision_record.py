@@ -141,7 +141,7 @@ def test_a_decision_with_swapped_code_is_not_kept(two_modules, config, overlays,
 
 def _record(overlay, name):
     """The decision record stored for the component of ``name`` and its key."""
-    from torch_overlay.engine.decision_cache import _is_record, decision_key
+    from torch_overlay.engine.caches.decision_record import _is_record, decision_key
     from torch_overlay.series.versions import torch_version
 
     component = _component(overlay, name)
@@ -184,9 +184,9 @@ def test_code_compiled_for_another_file_is_not_run(two_modules, config, overlays
     _, (_, modules) = _record(one, first)
     keys = {name: code_key for name, _, code_key, _ in modules}
     # The entry of the second module's code holds the first module's: right shape, wrong file.
-    from torch_overlay.engine.modcode import _is_module_code
+    from torch_overlay.engine.caches.compiled_code import MODULE_CODE
 
-    first_code = one._cache.load(keys[first], _is_module_code)[0]
+    first_code = MODULE_CODE.load(one._cache, keys[first])[0]
     one._cache.store(keys[second], first_code)
     two = _new_process(overlays, config, tmp_path, one, [first, second])
     importlib.import_module(first)
@@ -198,7 +198,7 @@ def test_code_compiled_for_another_file_is_not_run(two_modules, config, overlays
 def test_a_memo_that_names_another_file_is_checked_when_decided(two_modules, sandbox, config, overlays, tmp_path):
     """The activation memo says which file a component changes: the decision changes the file this
     process finds, whatever the memo names."""
-    from torch_overlay.engine import activation_memo, series_index
+    from torch_overlay.engine.caches import activation_memo, series_index
     from torch_overlay.series.versions import torch_root, torch_version
 
     first, second, second_file = two_modules
@@ -207,12 +207,12 @@ def test_a_memo_that_names_another_file_is_checked_when_decided(two_modules, san
     one = _new_process(overlays, config, tmp_path, None, [])
     cfg = one.config
     key = activation_memo.memo_key(series_index.series_key(sandbox.patches)[0], torch_version(), str(torch_root()), cfg)
-    kind, ids, settled_rows, grouped, missing = one._cache.load(key, activation_memo._is_memo)[0]
+    ids, settled_rows, grouped, missing = activation_memo.ACTIVATION_MEMO.load(one._cache, key)[0]
     ((members, paths, files),) = grouped
     decoy = tmp_path / "decoy.py"
     decoy.write_text(OTHER)  # what the second module's patch fits, elsewhere
     files = tuple((p, m, str(decoy) if m == second else f) for p, m, f in files)
-    one._cache.store(key, (kind, ids, settled_rows, ((members, paths, files),), missing))
+    one._cache.store(key, (ids, settled_rows, ((members, paths, files),), missing))
     two = _new_process(overlays, config, tmp_path, one, [first, second])
     assert _component(two, first).files[f"torch/{second.split('.')[-1]}.py"] == decoy  # as recalled
     assert importlib.import_module(first).answer() == 42
@@ -244,17 +244,17 @@ def test_an_edit_in_place_that_keeps_size_and_mtime_is_decided_again(two_modules
 def test_a_decision_over_a_file_written_just_now_is_not_kept(two_modules, config, overlays, tmp_path, monkeypatch):
     """On a file system with coarse timestamps, a file written within the same tick as the decision
     could change again with the same signature: as git's racily clean entries, it is not kept."""
-    from torch_overlay.engine import decision_cache
+    from torch_overlay.engine.caches import record
 
-    monkeypatch.setattr(decision_cache, "RACY_NS", 2_000_000_000)
+    monkeypatch.setattr(record, "RACY_NS", 2_000_000_000)
     first, second, second_file = two_modules  # written just now
     one = _new_process(overlays, config, tmp_path, None, [first, second])
     importlib.import_module(first)
     two = _new_process(overlays, config, tmp_path, one, [first, second])
     assert importlib.import_module(first).answer() == 42
     assert not _component(two, first).remembered
-    now = 10 * decision_cache.RACY_NS
-    monkeypatch.setattr(decision_cache.time, "time_ns", lambda: now)
-    assert decision_cache.settled([(1, 1, 1, 1), (1, 7, 1, 9)])
-    assert not decision_cache.settled([(1, 1, 1, 1), (1, 1, 1, now - 1)])  # a ctime just now: chmod, link, utime
-    assert not decision_cache.settled([(1, now - decision_cache.RACY_NS + 1, 1, 1)])
+    now = 10 * record.RACY_NS
+    monkeypatch.setattr(record.time, "time_ns", lambda: now)
+    assert record.settled([(1, 1, 1, 1), (1, 7, 1, 9)])
+    assert not record.settled([(1, 1, 1, 1), (1, 1, 1, now - 1)])  # a ctime just now: chmod, link, utime
+    assert not record.settled([(1, now - record.RACY_NS + 1, 1, 1)])

@@ -7,7 +7,7 @@ torch release and where it is installed, and the switches that turn patches off;
 per patch file than anything else a warm import did. The result is kept in the code cache under
 a key made of exactly those, as plain tuples, and a later process recalls it: no version is
 parsed, no torch file is looked up until a component is decided (which ``stat``s its files), and
-no patch, nor the entry of a component's member, is made until it is used (:mod:`.roster`): a
+no patch, nor the entry of a component's member, is made until it is used (``engine/roster.py``): a
 warm import costs little more per patch file than its ``stat``, whatever the length of the series.
 
 A memo that is not exactly the expected shape is ignored and activation runs again (and stores a
@@ -28,49 +28,47 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any, TYPE_CHECKING
 
-from .._state import PatchState, Target
-from ..series.versions import find_file, torch_root, torch_version
-from .components import Component, Entry, group_components
-from .roster import Roster
+from ..._state import PatchState, Target
+from ...series.versions import find_file, torch_root, torch_version
+from ..components import Component, Entry, group_components
+from ..roster import Roster
+from .record import Record
 from .series_index import IndexedPatches
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from .._config import Config
-    from ..series.series import Patch
-    from .codecache import CodeCache
+    from ..._config import Config
+    from ...series.series import Patch
+    from .folder import CacheFolder
 
-__all__ = ["memo_key", "recall", "record", "replay", "settle_and_group"]
-
-# Bump when the memo's shape, or what activation derives from the series, changes.
-KIND = "activation memo 3"
+__all__ = ["ACTIVATION_MEMO", "memo_key", "recall_activation", "record", "replay", "settle_and_group"]
 # What activation settles a patch to: a memo saying anything else (applied, pending) is not believed.
 _SETTLED = frozenset(PatchState) - {PatchState.APPLIED, PatchState.PENDING}
 _STATE = itemgetter(1)
 
 
-def recall(
-    patches_dir: Path, config: Config, cache: CodeCache, key: str
+def recall_activation(
+    patches_dir: Path, config: Config, cache: CacheFolder, key: str
 ) -> tuple[Roster, list[tuple[Entry, PatchState, str]]] | None:
     """The series' entries and components as the memo for this torch remembers them, and the
     state of each patch it settled; None when there is no memo that fits. ``key``: the series
     folder's index key (:func:`~.series_index.series_key`).
 
-    No patch is made, and no entry for a member of a component until it is used (:mod:`.roster`):
+    No patch is made, and no entry for a member of a component until it is used (``engine/roster.py``):
     an entry makes its patch from the series index when it is first used
     (:class:`~.series_index.IndexedPatches`), so a warm import costs little more per patch file
     than its ``stat``.
     """
     if not cache.usable:
         return None
-    found = cache.load(memo_key(key, torch_version(), str(torch_root()), config), _is_memo)
+    found = ACTIVATION_MEMO.load(cache, memo_key(key, torch_version(), str(torch_root()), config))
     if found is None:
         return None
     # The index is read when a patch is first made, and believed only if it names the memo's
     # patches in order: a warm import that makes none does not read it.
-    patches = IndexedPatches(patches_dir, cache, key, list(found[0][1]))
+    patches = IndexedPatches(patches_dir, cache, key, list(found[0][0]))
     settled: list[tuple[Entry, PatchState, str]] = []
     roster = replay(found[0], patches.get, lambda *s: settled.append(s))
     return None if roster is None else (roster, settled)
@@ -80,7 +78,7 @@ def settle_and_group(
     entries: list[Entry],
     series_key: str | None,
     config: Config,
-    cache: CodeCache,
+    cache: CacheFolder,
     settle: Callable[[Entry, PatchState, str], None],
 ) -> list[Component]:
     """Settle what the patches' fields decide (through ``settle``) and group the others into
@@ -93,7 +91,7 @@ def settle_and_group(
     components = group_components(entries, torch_version(), settle, missing)
     if series_key is not None:
         key = memo_key(series_key, torch_version(), str(torch_root()), config)
-        cache.store(key, record(entries, components, missing))
+        ACTIVATION_MEMO.store(cache, key, record(entries, components, missing))
     return components
 
 
@@ -106,7 +104,7 @@ def _settled_without_files(entry: Entry, config: Config) -> tuple[PatchState, st
         return PatchState.DISABLED, "TORCH_OVERLAY=0"
     if entry.id in config.disabled_ids:
         return PatchState.DISABLED, "TORCH_OVERLAY_DISABLE"
-    from ..series.decide import decide_by_header  # here: a remembered activation decides nothing
+    from ...series.decide import decide_by_header  # here: a remembered activation decides nothing
 
     decision = decide_by_header(entry.patch, torch_version())
     return None if decision is None else (decision.state, decision.reason)
@@ -115,7 +113,7 @@ def _settled_without_files(entry: Entry, config: Config) -> tuple[PatchState, st
 def memo_key(series_key: str, version: str, root: str, config: Config) -> str:
     """The key of activation's result for this series, torch and switches."""
     switches = ("on" if config.enabled else "off", *sorted(config.disabled_ids))
-    return "\0".join((KIND, series_key, version, root, *switches))
+    return ACTIVATION_MEMO.key(series_key, version, root, *switches)
 
 
 def record(entries: list[Entry], components: list[Component], missing: set[tuple[str, str]]) -> tuple[Any, ...]:
@@ -132,13 +130,15 @@ def record(entries: list[Entry], components: list[Component], missing: set[tuple
         )
         for c in components
     )
-    return KIND, tuple(e.id for e in entries), settled, grouped, tuple(sorted(missing))
+    return tuple(e.id for e in entries), settled, grouped, tuple(sorted(missing))
 
 
 def _is_memo(value: Any) -> bool:
-    if not (type(value) is tuple and len(value) == 5 and value[0] == KIND):
-        return False
-    return all(type(part) is tuple for part in value[1:])
+    return type(value) is tuple and len(value) == 4 and all(type(part) is tuple for part in value)
+
+
+# Bump when the memo's shape, or what activation derives from the series, changes.
+ACTIVATION_MEMO = Record("activation memo", 4, _is_memo)
 
 
 def replay(
@@ -151,7 +151,7 @@ def replay(
     The members of a component are made when it is first used: here they are only checked, at C
     speed (a warm import pays little per patch whose modules it never imports).
     """
-    _, ids, settled, grouped, missing = memo
+    ids, settled, grouped, missing = memo
     try:
         if not set(map(type, ids)) <= {str}:
             return None
@@ -185,13 +185,13 @@ def replay(
             if not all(map(os.path.isfile, [file for _, _, file in files])):
                 return None
             make = _members(ids, slots, source, members, paths, targets)
-            component = Component(make, {path: file for path, _, file in files}, targets)
+            component = Component.made_when_used(make, {path: file for path, _, file in files}, targets)
             component.recalled = True  # its files are checked against those found when it is decided
             components.append(component)
     except (TypeError, ValueError, IndexError, KeyError):
         return None
     for i, state, reason in states:
-        slots[i] = entry = Entry(ids[i], source=source)
+        slots[i] = entry = Entry(ids[i], source)
         settle(entry, state, reason)
     return Roster(list(ids), slots, components)
 
@@ -214,7 +214,7 @@ def _members(
             if own not in seen:
                 listed = [targets[p] for p in own]
                 seen[own] = listed, "waiting for import of " + ", ".join([t.module for t in listed])
-            slots[i] = entry = Entry(ids[i], source=source)
+            slots[i] = entry = Entry(ids[i], source)
             entry.component = component
             entry.targets, entry.reason = seen[own]
             made.append(entry)

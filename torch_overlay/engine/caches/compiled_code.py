@@ -1,0 +1,50 @@
+"""Compiled code kept for the next process: a patched module's (``engine/modcode.py``) and a late
+swap's (``engine/codeswap.py``). Parsing and compiling is what a cold process pays for; a warm one
+loads the code. Each entry's key names the module, its file and the texts it was compiled from; the
+callers also check that the code loaded was compiled for that file and those patches.
+"""
+
+from __future__ import annotations
+
+import types
+
+from .record import Record
+
+__all__ = ["MODULE_CODE", "SWAP_CODE"]
+
+
+def _is_module_code(value: object) -> bool:
+    """The shape of :func:`~..modcode.compile_module`'s entry: its code, what each patch changed
+    (patch id -> qualnames), its lines and its size."""
+    return (
+        isinstance(value, tuple)
+        and len(value) == 4
+        and isinstance(value[0], types.CodeType)
+        and isinstance(value[1], dict)
+        and all(isinstance(k, str) and isinstance(v, list) for k, v in value[1].items())
+        and isinstance(value[2], list)
+        and isinstance(value[3], int)
+    )
+
+
+# A patched module's code: (code, changed, lines, size).
+MODULE_CODE = Record("module code", 1, _is_module_code)
+
+
+def _is_compiled_patch(value: object) -> bool:
+    """The shape :func:`~..codeswap._compile_patched` returns (what a cache entry must unmarshal to)."""
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], types.CodeType)):
+        return False
+    added = value[1]
+    return isinstance(added, list) and all(
+        isinstance(a, tuple)
+        and len(a) == 3
+        and isinstance(a[0], types.CodeType)
+        and isinstance(a[1], list)
+        and isinstance(a[2], int)
+        for a in added
+    )
+
+
+# A late swap's code: (the new module code, the statements it adds).
+SWAP_CODE = Record("swap code", 1, _is_compiled_patch)
