@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from torch_overlay.engine.caches.folder import CacheFolder
+from torch_overlay.engine.modcode import compile_module
 from torch_overlay.engine.reach import Reach
+from torch_overlay.engine.reach_counter import counted_key
 
 from ._fixtures import make_diff, make_patch
 from .test_apply import _state, overlays  # noqa: F401  (overlays is a fixture)
@@ -85,6 +88,8 @@ def test_counts_the_runs_of_the_changed_functions_only(module, config, overlays,
     assert _report(overlay) == {"fix-a": (3, ""), "fix-b": (0, "sizes were off by one"), "fix-c": (None, "")}
     mod.Widget().size()
     assert _report(overlay)["fix-b"] == (1, "sizes were off by one")
+    # Python 3.11 counts with the statement compiled into answer and Widget.size: no profile function.
+    assert sys.getprofile() is None
 
 
 def test_counts_swapped_functions_of_a_module_imported_first(module, config, overlays, stop_reach):
@@ -98,6 +103,10 @@ def test_counts_swapped_functions_of_a_module_imported_first(module, config, ove
     mod.Widget().size()
     mod.Widget().size()
     assert {k: v[0] for k, v in _report(overlay).items() if k != "fix-c"} == {"fix-a": 1, "fix-b": 2}
+    assert sys.getprofile() is None
+    if sys.version_info < (3, 12):  # the swapped code counts itself; helper, unchanged, is not swapped
+        assert counted_key(mod.answer.__code__) and counted_key(mod.Widget.size.__code__)
+        assert counted_key(mod.helper.__code__) is None and counted_key(mod.Widget.other.__code__) is None
 
 
 def test_started_later_watches_what_already_applied(module, config, overlays, stop_reach):
@@ -109,6 +118,8 @@ def test_started_later_watches_what_already_applied(module, config, overlays, st
     start(overlay)
     mod.answer()
     assert _report(overlay)["fix-a"] == (1, "")
+    # Compiled before reach started, the code has no counter: Python 3.11 falls back to the profile function.
+    assert (sys.getprofile() is not None) is (sys.version_info < (3, 12))
 
 
 def test_off_by_default_watches_nothing(module, config, overlays):
@@ -125,6 +136,8 @@ TINY = textwrap.dedent(
     import json, sys
     import torch_overlay
     import torch
+    import builtins  # Python 3.11's counted code asks Dynamo through this (set again once torch.compiler is in)
+    counter_asks_dynamo = builtins.__dict__.get("__torch_overlay_compiling__") is torch.compiler.is_dynamo_compiling
     import torch.distributed as dist
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -132,7 +145,7 @@ TINY = textwrap.dedent(
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     x = distribute_tensor(torch.ones(4, 4), init_device_mesh("cpu", (2,)), [Shard(0)])
     x.new_ones((4, 4))
-    print(json.dumps({"reach": torch_overlay.reach(), "profile": sys.getprofile() is not None}))
+    print(json.dumps({"reach": torch_overlay.reach(), "profile": sys.getprofile() is not None, "asks_dynamo": counter_asks_dynamo}))
     """
 )
 REACHED = "dtensor-new-factory-shard-partial"
@@ -156,7 +169,9 @@ def test_a_job_with_reach_on_says_which_fixes_ran(tmp_path):
     if REACHED not in rows:
         pytest.skip(f"{REACHED} does not apply to this torch")
     assert rows[REACHED]["calls"] > 0 and rows[UNREACHED]["calls"] == 0
-    assert out["profile"] is (sys.version_info < (3, 12))  # 3.12+: sys.monitoring, no profile function
+    # 3.12+: sys.monitoring; 3.11: a counter compiled into each changed function. No profile function.
+    assert out["profile"] is False
+    assert out["asks_dynamo"] is (sys.version_info < (3, 12))
     (end,) = [line for line in stderr.splitlines() if " applied in " in line]
     ran = end.split("changed code run by ", 1)[1]
     assert f"{REACHED} (" in ran and UNREACHED not in ran
@@ -164,7 +179,7 @@ def test_a_job_with_reach_on_says_which_fixes_ran(tmp_path):
 
 def test_a_job_with_reach_off_installs_no_hook(tmp_path):
     out, stderr = _run(tmp_path, TORCH_OVERLAY_REACH="0")
-    assert out == {"reach": None, "profile": False}
+    assert out == {"reach": None, "profile": False, "asks_dynamo": False}
     (end,) = [line for line in stderr.splitlines() if " applied in " in line]
     assert "changed code run" not in end
 
@@ -182,3 +197,97 @@ def test_a_deletion_is_counted_for_the_function_that_held_it():
     # The last lines of a function: what follows them is the next def, which did not change.
     after = before.replace("\n    return y\n", "\n")
     assert _changed_qualnames(before, after, ast.parse(after)) == ["f"]
+
+
+needs_counter = pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12+ counts with sys.monitoring")
+
+# A changed function with a docstring that raises on a later line, and one dynamo traces.
+RAISES = """\
+import torch
+
+
+def check(x):
+    \"\"\"Says why.\"\"\"
+    y = x + 1
+    if y > 2:
+        raise ValueError(y)
+    return y
+
+
+def step(x):
+    return torch.sin(x) * 2
+
+
+def untouched(x):
+    return x
+"""
+RAISES_FIXED = RAISES.replace("y > 2", "y > 3").replace("torch.sin(x) * 2", "torch.sin(x) * 3")
+
+
+def _compiled(tmp_path, counting):
+    steps = [("fix-r", RAISES_FIXED)]
+    return compile_module(CacheFolder(tmp_path / "code", counting), "torch._r", tmp_path / "r.py", RAISES, steps)
+
+
+def _functions(code):
+    return {c.co_qualname: c for c in code.co_consts if hasattr(c, "co_qualname")}
+
+
+def test_reach_off_compiles_the_patched_text_as_it_is(tmp_path):
+    import marshal
+
+    plain = _compiled(tmp_path, counting=False)
+    expected = compile(RAISES_FIXED, f"{tmp_path / 'r.py'}[torch_overlay]", "exec", dont_inherit=True)
+    assert marshal.dumps(plain.code) == marshal.dumps(expected)
+
+
+@needs_counter
+def test_counted_code_is_cached_apart_and_moves_no_line(tmp_path):
+    import traceback
+
+    from torch_overlay.engine.codeswap import same_code
+
+    plain, counted = _compiled(tmp_path, counting=False), _compiled(tmp_path, counting=True)
+    assert plain.key == counted.key  # a recalled decision names either
+    assert _compiled(tmp_path, counting=False).code.co_consts == plain.code.co_consts  # each read back as stored
+    p, c = _functions(plain.code), _functions(counted.code)
+    assert counted_key(c["check"]) == "torch_overlay reach:torch._r:check" and counted_key(p["check"]) is None
+    assert same_code(p["untouched"], c["untouched"]) and counted_key(c["untouched"]) is None
+    for name in ("check", "step"):
+        assert {line for *_, line in p[name].co_lines()} == {line for *_, line in c[name].co_lines()}
+        assert c[name].co_firstlineno == p[name].co_firstlineno
+    plain.register_source()
+    lines = []
+    for code in (plain.code, counted.code):
+        namespace: dict = {}
+        exec(code, namespace)
+        assert namespace["check"].__doc__ == "Says why."
+        with pytest.raises(ValueError) as raised:
+            namespace["check"](5)
+        lines.append([(f.lineno, f.line) for f in traceback.extract_tb(raised.value.__traceback__)[1:]])
+    assert lines[0] == lines[1] == [(8, "raise ValueError(y)")]
+
+
+@needs_counter
+def test_a_counted_function_compiles_whole_and_counts_eager_runs_only(sandbox, config, overlays, stop_reach):
+    import torch
+    from torch._dynamo.testing import CompileCounter
+
+    name, path = sandbox.module(RAISES)
+    sandbox.series(("0001-fix-r.patch", make_patch("fix-r", [make_diff(path, RAISES, RAISES_FIXED)])))
+    overlay = overlays(config(reach=True))
+    stop_reach(overlay)
+    overlay.activate()
+    start(overlay)
+    mod = importlib.import_module(name)
+    assert counted_key(mod.step.__code__)
+    x = torch.ones(3)
+    mod.step(x)
+    counter = CompileCounter()
+    compiled = torch.compile(mod.step, backend=counter, fullgraph=True)  # a graph break would raise
+    for _ in range(3):
+        assert torch.equal(compiled(x), mod.step(x))  # an eager run between compiled ones recompiles nothing
+    assert (counter.frame_count, counter.op_count) == (1, 2)
+    assert _report(overlay)["fix-r"] == (4, "")  # the eager runs; the compiled graph counts nothing
+    explained = torch._dynamo.explain(mod.step)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)

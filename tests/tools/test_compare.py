@@ -258,7 +258,7 @@ def test_json_holds_the_comparison_and_reach_is_counted_in_a_run_of_its_own(
     monkeypatch.setattr(compare_module, "_run", recorded)
     out = io.StringIO()
     assert run_compare(path, out=out, json_out=result) == 0
-    # On 3.11 reach's profile function would slow the timed run with the overlay: it counts in a third.
+    # On 3.11 reach's counter changes the changed functions' code: it counts in a third run, not the compared one.
     assert arms == (
         [(False, False), (True, False), (True, True)] if sys.version_info < (3, 12) else [(False, False), (True, True)]
     )

@@ -169,12 +169,17 @@ class SwapPlan:
 
 
 def _compile_patched(
-    module_name: str, old_source: str, new_source: str, filename: str
+    module_name: str, old_source: str, new_source: str, filename: str, counted: list[str] | None = None
 ) -> tuple[types.CodeType, list[tuple[types.CodeType, list[str], int]]]:
-    """Compile ``new_source`` and the module-level statements it adds; refuse other changes."""
+    """Compile ``new_source`` and the module-level statements it adds; refuse other changes.
+    ``counted``: the functions that count their runs (reach on Python 3.11, engine/reach_counter.py)."""
     try:
         old_tree = ast.parse(old_source)
         new_tree = ast.parse(new_source, filename)
+        if counted:
+            from .reach_counter import count_runs
+
+            count_runs(new_tree, counted, module_name)
         new_code = compile(new_tree, filename, "exec", dont_inherit=True)
     except SyntaxError as exc:
         raise CodeSwapError(f"patched source does not compile: {exc}") from exc
@@ -225,17 +230,24 @@ def _compile_patched(
 
 
 def _compile_patched_cached(
-    cache: CacheFolder, module_name: str, old_source: str, new_source: str, filename: str
+    cache: CacheFolder,
+    module_name: str,
+    old_source: str,
+    new_source: str,
+    filename: str,
+    counted: list[str] | None = None,
 ) -> tuple[types.CodeType, list[tuple[types.CodeType, list[str], int]]]:
     """:func:`_compile_patched`, memoized on disk (parsing is the slow part)."""
     key = SWAP_CODE.key(sys.version, module_name, filename, old_source, new_source)
+    if counted:
+        key += "\0counted\0" + "\0".join(counted)
 
     def check(value: object) -> bool:
         # Code compiled for another module's file is not believed (the key names the file; so must the code).
         code, added = cast("tuple[types.CodeType, list[tuple[types.CodeType, str, str]]]", value)
         return {c.co_filename for c in [code, *(a[0] for a in added)]} == {filename}
 
-    build = lambda: _compile_patched(module_name, old_source, new_source, filename)  # noqa: E731
+    build = lambda: _compile_patched(module_name, old_source, new_source, filename, counted)  # noqa: E731
     return SWAP_CODE.load_or_build(cache, key, build, check)
 
 
@@ -258,11 +270,35 @@ def plan_swap(
         if type(obj) is types.FunctionType and obj.__globals__ is namespace:
             live.setdefault(obj.__code__.co_qualname, []).append(obj)
 
-    # Pair each live function with the patched code of the same qualname. Several code objects
-    # may share a qualname (overloads, conditional defs): one equal to the live code means that
-    # function is unchanged; otherwise the single code that matches no live function replaces it.
+    _pair(plan, live, new_code)
+    if cache.counting and plan.changed:
+        _count_runs(plan, live, old_source, new_source, cache)
+    swapped = [fn for fn, _, _ in plan.swaps]
+
+    # Memoized results of a swapped function were computed by the old code.
+    if swapped:
+        lru_wrapper = type(functools.lru_cache(maxsize=None)(lambda: None))
+        ids = {id(fn) for fn in swapped}
+        # The class test reads no attribute of a value: isinstance() falls back to ``__class__``,
+        # which a deprecated object of the namespace answers with a warning (torch.distributed.reduce_op).
+        scopes = [namespace] + [
+            vars(v) for v in namespace.values() if issubclass(type(v), type) and v.__module__ == module.__name__
+        ]
+        plan.caches = [
+            w
+            for scope in scopes
+            for w in list(scope.values())
+            if type(w) is lru_wrapper and id(getattr(w, "__wrapped__", None)) in ids
+        ]
+    return plan
+
+
+def _pair(plan: SwapPlan, live: dict[str, list[types.FunctionType]], new_code: types.CodeType) -> None:
+    """Pair each live function with the patched code of the same qualname (into ``plan``). Several code
+    objects may share a qualname (overloads, conditional defs): one equal to the live code means that
+    function is unchanged; otherwise the single code that matches no live function replaces it."""
+    module = plan.module
     new_codes = _codes_by_qualname(new_code)
-    swapped: list[types.FunctionType] = []
     for qualname, fns in live.items():
         candidates = [c for c in new_codes.get(qualname, []) if c.co_flags & inspect.CO_OPTIMIZED]
         if not candidates:
@@ -283,24 +319,26 @@ def plan_swap(
                 "closes over; it cannot be swapped at run time"
             )
         plan.changed.append(qualname)
-        for fn in fns:
-            if fn.__code__ is old:
-                plan.swaps.append((fn, old, new))
-                swapped.append(fn)
+        plan.swaps += [(fn, old, new) for fn in fns if fn.__code__ is old]
 
-    # Memoized results of a swapped function were computed by the old code.
-    if swapped:
-        lru_wrapper = type(functools.lru_cache(maxsize=None)(lambda: None))
-        ids = {id(fn) for fn in swapped}
-        # The class test reads no attribute of a value: isinstance() falls back to ``__class__``,
-        # which a deprecated object of the namespace answers with a warning (torch.distributed.reduce_op).
-        scopes = [namespace] + [
-            vars(v) for v in namespace.values() if issubclass(type(v), type) and v.__module__ == module.__name__
-        ]
-        plan.caches = [
-            w
-            for scope in scopes
-            for w in list(scope.values())
-            if type(w) is lru_wrapper and id(getattr(w, "__wrapped__", None)) in ids
-        ]
-    return plan
+
+def _count_runs(
+    plan: SwapPlan, live: dict[str, list[types.FunctionType]], old_source: str, new_source: str, cache: CacheFolder
+) -> None:
+    """Reach on Python 3.11: the functions to swap, now known, compiled again with a counter each
+    (engine/reach_counter.py) and paired again: they still differ from the live code, the others not.
+    Pairs that would not (a qualname shared by several defs) keep the plain code: reach's profile
+    function counts it."""
+    from .reach_counter import install
+
+    counted = sorted(plan.changed)
+    name = plan.module.__name__
+    new_code, _ = _compile_patched_cached(cache, name, old_source, new_source, plan.filename, counted)
+    again = SwapPlan(plan.module, plan.filename, plan.source)
+    try:
+        _pair(again, live, new_code)
+    except CodeSwapError:
+        return
+    if sorted(again.changed) == counted:
+        install()  # the counted code reads two builtins: they exist before it can run
+        plan.swaps = again.swaps

@@ -141,7 +141,7 @@ def _changed_qualnames(before: str, after: str, tree: ast.Module) -> list[str]:
 
 
 def _build(
-    module_name: str, filename: str, base: str, steps: list[tuple[str, str]]
+    module_name: str, filename: str, base: str, steps: list[tuple[str, str]], counting: bool = False
 ) -> tuple[types.CodeType, dict, list[str], int]:
     changed: dict[str, list[str]] = {}
     before = base
@@ -153,6 +153,10 @@ def _build(
         ]
         before = text
     assert tree is not None
+    if counting:  # reach on Python 3.11: each changed function counts its runs (engine/reach_counter.py)
+        from .reach_counter import count_runs
+
+        count_runs(tree, [q for qs in changed.values() for q in qs], module_name)
     text = steps[-1][1]
     return compile(tree, filename, "exec", dont_inherit=True), changed, text.splitlines(True), len(text)
 
@@ -172,10 +176,21 @@ def compile_module(
         return hashlib.sha256(text.encode()).hexdigest()
 
     key = MODULE_CODE.key(sys.version, module_name, filename, digest(base), *(f"{p}:{digest(t)}" for p, t in steps))
-    build = lambda: _build(module_name, filename, base, steps)  # noqa: E731
+    build = lambda: _build(module_name, filename, base, steps, cache.counting)  # noqa: E731
     checked = _compiled_for(filename, [p for p, _ in steps])
-    code, changed, lines, size = MODULE_CODE.load_or_build(cache, key, build, checked)
+    code, changed, lines, size = MODULE_CODE.load_or_build(cache, _stored_as(key, cache), build, checked)
     return ModuleCode(code, changed, filename, lines, size, key)
+
+
+def _stored_as(key: str, cache: CacheFolder) -> str:
+    """The cache entry of the code for ``key``: counted code (reach on Python 3.11) is kept apart,
+    under a key of its own; a recalled decision names the plain key either way."""
+    if not cache.counting:
+        return key
+    from .reach_counter import install
+
+    install()  # the counted code reads two builtins: they exist before it can run
+    return key + "\0counted"
 
 
 def _compiled_for(filename: str, pids: list[str]) -> Callable[[object], bool]:
@@ -197,7 +212,7 @@ def load_module_code(cache: CacheFolder, key: str, file: Path) -> ModuleCode | N
     lacks it (or holds code compiled for another file or other patches)."""
     filename = f"{file}{TAG}"
     pids = [p.rpartition(":")[0] for p in (MODULE_CODE.parts(key) or [])[4:]]
-    found = MODULE_CODE.load(cache, key, _compiled_for(filename, pids))
+    found = MODULE_CODE.load(cache, _stored_as(key, cache), _compiled_for(filename, pids))
     if found is None:
         return None
     code, changed, lines, size = found[0]

@@ -81,7 +81,9 @@ class Overlay:
 
             config = self.config
             folder = config.cache_dir / "code" if config.code_cache and config.cache_dir else None
-            self._cache_folder = CacheFolder(folder)
+            # TORCH_OVERLAY_REACH=1 on Python 3.11 compiles a counter into each changed function (3.12+
+            # watches their code with sys.monitoring instead): engine/reach.py.
+            self._cache_folder = CacheFolder(folder, counting=config.reach and sys.version_info < (3, 12))
         return self._cache_folder
 
     @property
@@ -130,6 +132,10 @@ class Overlay:
                 for target in component.targets.values():
                     self._by_module[target.module] = component
             self._watch()
+            if cache.counting:  # the counted code's check of Dynamo, once torch.compiler exists
+                from .reach_counter import install
+
+                self._hook.on_import("torch.compiler", lambda _: install())
             for component in {id(c): c for c in self._by_module.values()}.values():
                 if any(t.module in sys.modules for t in component.targets.values()):
                     self._decide(component, importing=None, warn_late=False)

@@ -3,10 +3,13 @@
 Only the code objects of the functions a fix's hunks touch are watched (``ModuleCode.changed``,
 a late swap's new code), never the rest of a patched module. Python 3.12+ turns ``sys.monitoring``'s
 PY_START event on for those code objects alone: other code runs exactly as without it. Python 3.11
-has no per-code event: a profile function (``sys.setprofile``, ``threading.setprofile``, installed
-when the first code is watched) is called for every Python and C call of the threads Python starts,
-and returns at once unless the frame's code is watched. C++ threads that run Python (autograd's
-device threads, which run backward hooks on GPU) are not seen on 3.11.
+has no per-code event: the patched code is compiled with a counting statement at the start of each
+changed function (engine/reach_counter.py), so only those functions pay. Code compiled without one
+(reach started after the code was compiled, a swap the counted code could not pair) falls back to a
+profile function (``sys.setprofile``, ``threading.setprofile``, installed when such code is first
+watched), called for every Python and C call of the threads Python starts, which returns at once
+unless the frame's code is watched; C++ threads that run Python (autograd's device threads) are not
+seen by it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,11 @@ class Reach:
         self._fixes: dict[int, tuple[str, ...]] = {}  # id(code) -> the fixes that changed it
         self._codes: dict[int, types.CodeType] = {}  # holds each watched code: its id stays its own
         self._calls: dict[int, int] = {}  # id(code) -> runs; the hot path's only data
+        # Python 3.11's counted code (engine/reach_counter.py): id(code) -> its key in ``runs``, and
+        # each key's runs when it was first watched (the counter is the process's, not this object's).
+        self._keys: dict[int, str] = {}
+        self._since: dict[str, int] = {}
+        self._frozen: dict[str, int] | None = None  # the counters' runs when stopped
         self._lock = threading.Lock()
         self._backend: _Profile | _Monitoring | None = None
         # A forked child counts its own runs (its dump would repeat the parent's otherwise).
@@ -52,6 +60,17 @@ class Reach:
     def _forget_runs(self) -> None:
         for key in self._calls:
             self._calls[key] = 0
+        self._since.update(self._runs())
+
+    def _runs(self) -> dict[str, int]:
+        """The watched counters' runs (of counted code) so far."""
+        if self._frozen is not None:
+            return dict(self._frozen)
+        if not self._since:
+            return {}
+        from .reach_counter import runs
+
+        return {key: runs[key] for key in self._since}
 
     def watch(self, fix: str, codes: Iterable[types.CodeType]) -> None:
         """Count the runs of ``codes`` for ``fix`` from now on."""
@@ -65,6 +84,12 @@ class Reach:
                 if key in self._codes:
                     continue
                 self._codes[key] = code
+                counter = _counter_of(code)
+                if counter is not None:
+                    self._keys[key] = counter
+                    if counter not in self._since:
+                        self._since[counter] = self._runs_now(counter)
+                    continue
                 self._calls[key] = 0
                 if self._backend is None:
                     self._backend = _Monitoring(self._calls) if hasattr(sys, "monitoring") else _Profile(self._calls)
@@ -135,19 +160,32 @@ class Reach:
     def counts(self) -> dict[str, int]:
         """Fix id -> how many times its changed code ran so far (a call of each function it changed)."""
         with self._lock:
-            runs = dict(self._calls)
+            calls = dict(self._calls)
             fixes = dict(self._fixes)
+            keys = dict(self._keys)
+            since = dict(self._since)
+            counted = self._runs()
         out: dict[str, int] = {}
-        for key, n in runs.items():
+        for key, n in calls.items():
             for fix in fixes[key]:
                 out[fix] = out.get(fix, 0) + n
+        # A counter shared by several watched codes (defs of one qualname) is added once per fix.
+        for counter, fix in {(counter, fix) for key, counter in keys.items() for fix in fixes[key]}:
+            out[fix] = out.get(fix, 0) + counted.get(counter, since[counter]) - since[counter]
         return out
 
     def stop(self) -> None:
         """Stop counting (the counts so far stay)."""
         with self._lock:
+            self._frozen = self._runs()
             if self._backend is not None:
                 self._backend.stop()
+
+    @staticmethod
+    def _runs_now(counter: str) -> int:
+        from .reach_counter import runs
+
+        return runs[counter]
 
 
 def dump(counts: dict[str, int], folder: str) -> None:
@@ -176,6 +214,15 @@ def read_dumps(folder: Path) -> dict[str, int]:
         except (OSError, ValueError, AttributeError):
             continue
     return out
+
+
+def _counter_of(code: types.CodeType) -> str | None:
+    """The key of the counter compiled into ``code`` (Python 3.11, engine/reach_counter.py), or None."""
+    if sys.version_info >= (3, 12) or "__torch_overlay_runs__" not in code.co_names:
+        return None
+    from .reach_counter import counted_key
+
+    return counted_key(code)
 
 
 class _Profile:

@@ -119,8 +119,9 @@ def run_compare(
     if not test_file.is_file():
         out.write(f"error: {test_file} is not a file\n")
         return 2
-    # Reach's profile function (Python 3.11) slows every call: there it counts in a third run of its
-    # own, so that the run with the overlay is timed as a job runs; on 3.12+ it costs nothing to speak of.
+    # On Python 3.11 reach compiles a counter into the changed functions (engine/reach_counter.py): there it
+    # counts in a third run of its own, so that the outcomes and times compared are those of the code a job
+    # runs; on 3.12+ sys.monitoring leaves the code as it is.
     apart = reach and sys.version_info < (3, 12)
     arms = [(False, False), (True, reach and not apart)] + ([(True, True)] if apart else [])
     with tempfile.TemporaryDirectory(prefix="torch_overlay-compare-") as tmp:

@@ -44,8 +44,11 @@ class CacheFolder:
     """``load(key, check)`` and ``store(key, value)``: marshal-able values kept under ``folder``
     (callers go through a :class:`~.record.Record`, which keys and checks each kind)."""
 
-    def __init__(self, folder: Path | None) -> None:
+    def __init__(self, folder: Path | None, counting: bool = False) -> None:
         self.folder = folder  # None: no disk cache
+        # Reach on Python 3.11: the code compiled through this cache counts the runs of each function a
+        # patch changed (engine/reach_counter.py); modcode and codeswap key such code apart.
+        self.counting = counting
         self._usable: bool | None = None
 
     def _ready(self) -> bool:
