@@ -3,13 +3,36 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .importhook import ImportHook
+from .once_per_job import warn
 
-__all__ = ["CompileCacheSalt", "clear_dtensor_caches", "touches_dtensor"]
+if TYPE_CHECKING:
+    from .components import Entry
+
+__all__ = ["CompileCacheSalt", "clear_dtensor_caches", "refresh_after_change", "touches_dtensor"]
 
 _DTENSOR_PREFIX = "torch.distributed.tensor."
 COMPILER_CONFIG = "torch.compiler.config"
+
+
+def refresh_after_change(
+    modules: list[str], entries: list[Entry], salt: Callable[[], CompileCacheSalt], strict: bool
+) -> None:
+    """After ``modules`` changed code: drop DTensor's sharding caches if one of them is DTensor's,
+    and salt the compile caches with the live patches of ``entries``. Runs inside an import: a
+    failure is a warning (raised in strict mode), never a broken import."""
+    try:
+        if touches_dtensor(modules):
+            clear_dtensor_caches()
+        live = [(e.id, e.variant) for e in entries if e.live and e.variant is not None]
+        salt().set(",".join(f"torch_overlay:{pid}@{variant.digest[:12]}" for pid, variant in live))
+    except Exception as exc:  # noqa: BLE001 - runs inside an import: never break it
+        if strict:
+            raise
+        warn(f"torch_overlay: could not refresh torch's caches after a patch ({type(exc).__name__}: {exc})")
 
 
 def touches_dtensor(modules: list[str]) -> bool:

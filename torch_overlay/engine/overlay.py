@@ -79,11 +79,7 @@ class Overlay:
         if self._cache_folder is None:
             from .caches.folder import CacheFolder
 
-            config = self.config
-            folder = config.cache_dir / "code" if config.code_cache and config.cache_dir else None
-            # TORCH_OVERLAY_REACH=1 on Python 3.11 compiles a counter into each changed function (3.12+
-            # watches their code with sys.monitoring instead): engine/reach.py.
-            self._cache_folder = CacheFolder(folder, counting=config.reach and sys.version_info < (3, 12))
+            self._cache_folder = CacheFolder.of(self.config)
         return self._cache_folder
 
     @property
@@ -261,17 +257,9 @@ class Overlay:
         return retry
 
     def _after_change(self, modules: list[str]) -> None:
-        try:
-            from .invalidate import clear_dtensor_caches, touches_dtensor
+        from .invalidate import refresh_after_change
 
-            if touches_dtensor(modules):
-                clear_dtensor_caches()
-            live = [(e.id, e.variant) for e in self._roster.made() if e.live and e.variant is not None]
-            self._salt.set(",".join(f"torch_overlay:{pid}@{variant.digest[:12]}" for pid, variant in live))
-        except Exception as exc:  # noqa: BLE001 - runs inside an import: never break it
-            if self.config.strict:
-                raise
-            warn(f"torch_overlay: could not refresh torch's caches after a patch ({type(exc).__name__}: {exc})")
+        refresh_after_change(modules, self._roster.made(), lambda: self._salt, self.config.strict)
 
     def on_import(self, module: str, callback: Callable[[str], object]) -> None:
         """Call ``callback(module)`` each time ``module`` has been imported (after its code ran)."""

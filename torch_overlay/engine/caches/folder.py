@@ -13,11 +13,15 @@ from __future__ import annotations
 import marshal
 import os
 import stat
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ..once_per_job import warn
+
+if TYPE_CHECKING:
+    from ..._config import Config
 
 __all__ = ["CacheFolder"]
 
@@ -43,6 +47,15 @@ def _safe_stat(st: os.stat_result) -> bool:
 class CacheFolder:
     """``load(key, check)`` and ``store(key, value)``: marshal-able values kept under ``folder``
     (callers go through a :class:`~.record.Record`, which keys and checks each kind)."""
+
+    @classmethod
+    def of(cls, config: Config) -> CacheFolder:
+        """The folder the switches name: ``code`` in ``TORCH_OVERLAY_CACHE_DIR`` (none when
+        ``TORCH_OVERLAY_CODE_CACHE=0``). ``TORCH_OVERLAY_REACH=1`` on Python 3.11 compiles a counter
+        into each changed function, kept apart (3.12+ watches their code with sys.monitoring):
+        engine/reach.py."""
+        folder = config.cache_dir / "code" if config.code_cache and config.cache_dir else None
+        return cls(folder, counting=config.reach and sys.version_info < (3, 12))
 
     def __init__(self, folder: Path | None, counting: bool = False) -> None:
         self.folder = folder  # None: no disk cache
