@@ -310,9 +310,10 @@ def test_tensor_wrapper_storage_is_fsdp_jvp_only_with_fsdp():
     assert named(JACREV_STORAGE) == []
     assert named("NotImplementedError: Cannot access storage of TensorWrapper\n") == []
     assert named(FSDP_JVP_STORAGE) == [("fsdp-jvp", "known")]
-    assert named("torch.func.jvp through my fully_shard model:\nNotImplementedError: Cannot access storage of TensorWrapper\n") == [
-        ("fsdp-jvp", "possibly")
-    ]
+    assert named(
+        "torch.func.jvp through my fully_shard model:\nNotImplementedError: Cannot access storage of TensorWrapper\n"
+    ) == [("fsdp-jvp", "possibly")]
+
 
 # DTensor's C++ dispatch fast path words the mixed-tensor error without the colon its Python path
 # puts after the op (2.13.0, transformers' own TP with clip_grad_norm_, tests/recipes/).
