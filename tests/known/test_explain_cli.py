@@ -278,6 +278,43 @@ def test_a_guess_only_where_the_text_points_at_the_part_of_torch_with_the_bug():
     ]
 
 
+# functorch prints "Cannot access storage of TensorWrapper" for any transformed code that reads a
+# tensor's storage; it is fsdp-jvp's only where FSDP2's frames show, a guess only where the text
+# speaks of FSDP.
+JACREV_STORAGE = """\
+Traceback (most recent call last):
+  File "/work/jac.py", line 9, in <module>
+    jacrev(func)(a)
+  File "/venv/lib/python3.11/site-packages/torch/_functorch/eager_transforms.py", line 601, in wrapper_fn
+    vjp_out = _vjp_with_argnums(func, *args, argnums=argnums, has_aux=has_aux)
+  File "/work/jac.py", line 5, in func
+    b.untyped_storage()
+NotImplementedError: Cannot access storage of TensorWrapper
+"""
+FSDP_JVP_STORAGE = """\
+Traceback (most recent call last):
+  File "/work/train.py", line 30, in <module>
+    out, tangent = torch.func.jvp(model, (x,), (t,))
+  File "/venv/lib/python3.11/site-packages/torch/distributed/fsdp/_fully_shard/_fsdp_param.py", line 930, in alloc_storage
+    if (storage := tensor.untyped_storage()).size() != size:
+NotImplementedError: Cannot access storage of TensorWrapper
+"""
+
+
+def test_tensor_wrapper_storage_is_fsdp_jvp_only_with_fsdp():
+    catalogue = load_catalogue(PATCHES)
+
+    def named(text: str) -> list[tuple[str, str]]:
+        return [(m.bug.id, m.confidence) for ex in explain_log(text, catalogue, "2.13.0", env={}) for m in ex.matches]
+
+    assert named(JACREV_STORAGE) == []
+    assert named("NotImplementedError: Cannot access storage of TensorWrapper\n") == []
+    assert named(FSDP_JVP_STORAGE) == [("fsdp-jvp", "known")]
+    assert named(
+        "torch.func.jvp through my fully_shard model:\nNotImplementedError: Cannot access storage of TensorWrapper\n"
+    ) == [("fsdp-jvp", "possibly")]
+
+
 # DTensor's C++ dispatch fast path words the mixed-tensor error without the colon its Python path
 # puts after the op (2.13.0, transformers' own TP with clip_grad_norm_, tests/recipes/).
 MIXED_FROM_CPP = """\

@@ -104,7 +104,9 @@ def test_the_explain_guide_reports_the_measured_part():
     assert tuple(map(int, stated.groups())) == (hits, posts_of_known_bugs, right_known, named_known), report
 
 
-@pytest.mark.parametrize("post", [p for p in ALL if p.expect is None], ids=lambda p: p.name)
+# The tuning part only: a measured post that explain gets wrong stays as it is and counts in the
+# measured figures (checked exactly above), since no rule may be changed to pass it.
+@pytest.mark.parametrize("post", [p for p in ALL if p.expect is None and not p.measured], ids=lambda p: p.name)
 def test_other_errors_are_never_called_a_known_bug(post):
     known, _ = _answers(post)
     assert not known, f"{post.name} ({post.source}) is not a bug of the catalogue, but explain says {known}"
