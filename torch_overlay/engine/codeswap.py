@@ -22,7 +22,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, cast, TYPE_CHECKING
 
-from .caches.compiled_code import SWAP_CODE
+from .caches.compiled_code import COUNTED_SWAP_CODE, SWAP_CODE
 
 if TYPE_CHECKING:
     from .caches.folder import CacheFolder
@@ -238,9 +238,8 @@ def _compile_patched_cached(
     counted: list[str] | None = None,
 ) -> tuple[types.CodeType, list[tuple[types.CodeType, list[str], int]]]:
     """:func:`_compile_patched`, memoized on disk (parsing is the slow part)."""
-    key = SWAP_CODE.key(sys.version, module_name, filename, old_source, new_source)
-    if counted:
-        key += "\0counted\0" + "\0".join(counted)
+    record = COUNTED_SWAP_CODE if counted else SWAP_CODE
+    key = record.key(sys.version, module_name, filename, old_source, new_source, *(counted or []))
 
     def check(value: object) -> bool:
         # Code compiled for another module's file is not believed (the key names the file; so must the code).
@@ -248,7 +247,7 @@ def _compile_patched_cached(
         return {c.co_filename for c in [code, *(a[0] for a in added)]} == {filename}
 
     build = lambda: _compile_patched(module_name, old_source, new_source, filename, counted)  # noqa: E731
-    return SWAP_CODE.load_or_build(cache, key, build, check)
+    return record.load_or_build(cache, key, build, check)
 
 
 def plan_swap(

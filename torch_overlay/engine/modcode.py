@@ -12,10 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .caches.compiled_code import MODULE_CODE
+from .caches.compiled_code import COUNTED_MODULE_CODE, MODULE_CODE
 
 if TYPE_CHECKING:
     from .caches.folder import CacheFolder
+    from .caches.record import Record
 
 __all__ = [
     "ModuleCode",
@@ -178,19 +179,20 @@ def compile_module(
     key = MODULE_CODE.key(sys.version, module_name, filename, digest(base), *(f"{p}:{digest(t)}" for p, t in steps))
     build = lambda: _build(module_name, filename, base, steps, cache.counting)  # noqa: E731
     checked = _compiled_for(filename, [p for p, _ in steps])
-    code, changed, lines, size = MODULE_CODE.load_or_build(cache, _stored_as(key, cache), build, checked)
+    record, stored = _stored_as(key, cache)
+    code, changed, lines, size = record.load_or_build(cache, stored, build, checked)
     return ModuleCode(code, changed, filename, lines, size, key)
 
 
-def _stored_as(key: str, cache: CacheFolder) -> str:
-    """The cache entry of the code for ``key``: counted code (reach on Python 3.11) is kept apart,
-    under a key of its own; a recalled decision names the plain key either way."""
+def _stored_as(key: str, cache: CacheFolder) -> tuple[Record, str]:
+    """The kind and key the code for ``key`` is stored under: counted code (reach on Python 3.11)
+    is a kind of its own, with the same parts; a recalled decision names the plain key either way."""
     if not cache.counting:
-        return key
+        return MODULE_CODE, key
     from .reach_counter import install
 
     install()  # the counted code reads two builtins: they exist before it can run
-    return key + "\0counted"
+    return COUNTED_MODULE_CODE, COUNTED_MODULE_CODE.key(*(MODULE_CODE.parts(key) or []))
 
 
 def _compiled_for(filename: str, pids: list[str]) -> Callable[[object], bool]:
@@ -212,7 +214,8 @@ def load_module_code(cache: CacheFolder, key: str, file: Path) -> ModuleCode | N
     lacks it (or holds code compiled for another file or other patches)."""
     filename = f"{file}{TAG}"
     pids = [p.rpartition(":")[0] for p in (MODULE_CODE.parts(key) or [])[4:]]
-    found = MODULE_CODE.load(cache, _stored_as(key, cache), _compiled_for(filename, pids))
+    record, stored = _stored_as(key, cache)
+    found = record.load(cache, stored, _compiled_for(filename, pids))
     if found is None:
         return None
     code, changed, lines, size = found[0]

@@ -10,7 +10,7 @@ import types
 
 from .record import Record
 
-__all__ = ["MODULE_CODE", "SWAP_CODE"]
+__all__ = ["COUNTED_MODULE_CODE", "COUNTED_SWAP_CODE", "MODULE_CODE", "SWAP_CODE"]
 
 
 def _is_module_code(value: object) -> bool:
@@ -48,3 +48,8 @@ def _is_compiled_patch(value: object) -> bool:
 
 # A late swap's code: (the new module code, the statements it adds).
 SWAP_CODE = Record("swap code", 1, _is_compiled_patch)
+
+# The same, compiled with a counter at the start of each changed function (reach on Python 3.11,
+# engine/reach_counter.py): kinds of their own, so counted and plain code never stand in for each other.
+COUNTED_MODULE_CODE = Record("counted module code", 1, _is_module_code)
+COUNTED_SWAP_CODE = Record("counted swap code", 1, _is_compiled_patch)
