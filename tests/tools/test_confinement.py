@@ -16,7 +16,7 @@ ENV_TEXT = '"""A stand-in module."""\nVALUE = 1\n'
 
 def _outside(tmp_path: Path) -> list[Path]:
     """Files written under ``tmp_path`` by a verb outside its checkout and output folder."""
-    return sorted(p for p in tmp_path.rglob("*escape*"))
+    return sorted(p for p in tmp_path.rglob("escape_*"))
 
 
 @pytest.mark.parametrize("where", ["relative", "absolute"])
