@@ -146,3 +146,19 @@ def test_the_page_says_per_fix_how_many_upstream_tests_reached_it_or_names_its_o
     own = other.main.fields["Quick-Test"].strip()
     assert f"| `{other.id}` | none yet | `{own}` |" in page
     assert f"Fixes no recorded upstream test reached: {sum(1 for p in patches if p.main is not None) - 1}." in page
+
+
+def test_a_regression_without_a_why_is_a_problem_and_with_one_is_counted_as_explained(tmp_path):
+    patches = read_series(REPO / "patches")
+    path, run = _record_copy_with_run(tmp_path, {"pass": 1, "fail": 1, "error": 0, "skipped": 0}, 1.0, {})
+    record = load_record(path)
+    explained = sum(1 for r in record["run"] for d in r.get("differences", []) if d.get("regression"))
+    diff = {"test": "test_x.T::test_y", "without": "pass", "with": "fail", "regression": True}
+    record["run"][-1]["differences"] = [diff]
+    assert any("test_y passes without the overlay and fails with it" in p for p in check_record(record, patches))
+    assert "; **unexplained: 1**" in render(record, patches)
+    diff["why"] = "upstream's own behaviour from 2.12 on, measured on stock 2.12.1"
+    assert not [p for p in check_record(record, patches) if "test_y" in p]
+    assert f"each with a why in its run below: {explained + 1}." in render(record, patches) and "unexplained" not in render(
+        record, patches
+    )

@@ -70,7 +70,8 @@ def load_record(path: Path) -> dict:
 
 def check_record(record: dict, patches: list[Patch]) -> list[str]:
     """What is wrong with the record: a changed file without a row, a row of no changed file, a row
-    that names neither an upstream test nor why none runs on the CPU, a run of no listed test."""
+    that names neither an upstream test nor why none runs on the CPU, a run of no listed test, a test
+    that passes without the overlay and fails with it and has no ``why``."""
     problems = []
     changed = changed_files(patches)
     rows = {row["torch"]: row for row in record["file"]}
@@ -90,7 +91,18 @@ def check_record(record: dict, patches: list[Patch]) -> list[str]:
         missing = [k for k in ("torch", "commit", "without", "with", "measured") if k not in run]
         if missing:
             problems.append(f"run of {run['upstream']}: lacks {', '.join(missing)}")
+        problems += [
+            f"run of {run['upstream']} on {run['torch']}: {d['test']} passes without the overlay and fails "
+            "with it, and no why says whose behaviour that is"
+            for d in unexplained_regressions(run)
+        ]
     return problems
+
+
+def unexplained_regressions(run: dict) -> list[dict]:
+    """The differences of ``run`` that pass without the overlay and fail with it, with no ``why``:
+    a regression of ours until a why shows that upstream's test asserts the behaviour we change."""
+    return [d for d in run.get("differences", []) if d.get("regression") and not d.get("why")]
 
 
 def _counts(side: dict) -> str:
@@ -119,6 +131,9 @@ def render(record: dict, patches: list[Patch]) -> str:
         "| --- | --- | --- | --- |",
     ]
     pending = 0
+    regressions = [d for run in record["run"] for d in run.get("differences", []) if d.get("regression")]
+    unexplained = sum(1 for d in regressions if not d.get("why"))
+    explained = len(regressions) - unexplained
     for row in record["file"]:
         f = row["torch"]
         tests = row.get("upstream", [])
@@ -146,6 +161,10 @@ def render(record: dict, patches: list[Patch]) -> str:
     lines += [
         "",
         f"Rows not yet measured on both ends of their range: {pending}.\n",
+        f"Tests that pass without the overlay and fail with it: {explained + unexplained}"
+        + (f", each with a why in its run below: {explained}" if explained else "")
+        + (f"; **unexplained: {unexplained}**" if unexplained else "")
+        + ".\n",
         "## Runs\n",
         "| upstream test file | torch | commit | without (p/f/e/s) | with (p/f/e/s) | outcome changed | time with / without | reach (tests) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -281,7 +300,7 @@ def run_conformance(root: Path, patches_dir: Path, tests_dir: Path, only: set[st
             record["run"].remove(old)
         record["run"].append(run)
         _write_record(root / RECORD, record)
-        rc |= 1 if any(d["regression"] for d in run["differences"]) else 0
+        rc |= 1 if unexplained_regressions(run) else 0
     return run_check(root, patches_dir, write=True) | rc
 
 
