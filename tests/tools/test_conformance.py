@@ -159,6 +159,6 @@ def test_a_regression_without_a_why_is_a_problem_and_with_one_is_counted_as_expl
     assert "; **unexplained: 1**" in render(record, patches)
     diff["why"] = "upstream's own behaviour from 2.12 on, measured on stock 2.12.1"
     assert not [p for p in check_record(record, patches) if "test_y" in p]
-    assert f"each with a why in its run below: {explained + 1}." in render(record, patches) and "unexplained" not in render(
+    assert f"each with a why in its run below: {explained + 1}." in render(
         record, patches
-    )
+    ) and "unexplained" not in render(record, patches)
