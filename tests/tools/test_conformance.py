@@ -124,6 +124,11 @@ def test_a_row_is_measured_only_when_each_of_its_upstream_files_ran_on_both_ends
         line for line in render(record, patches).splitlines() if line.startswith("| `torch/nn/utils/clip_grad.py`")
     )
     assert line.endswith("| on 2.11.0, 2.15.0 |"), line
+    record["run"] = [r for r in record["run"] if (r["upstream"], r["torch"]) != ("test/b_test.py", "2.11.0")]
+    line = next(
+        line for line in render(record, patches).splitlines() if line.startswith("| `torch/nn/utils/clip_grad.py`")
+    )
+    assert "**not yet**: `b_test.py` on 2.11.0 |" in line, line  # only the end it lacks
 
 
 def test_the_page_says_per_fix_how_many_upstream_tests_reached_it_or_names_its_own_test():

@@ -150,8 +150,13 @@ def render(record: dict, patches: list[Patch]) -> str:
                 measured = f"on {', '.join(done)}"
             else:
                 pending += 1
-                ends = ", ".join(sorted(need, key=parse_version)) or "a release"
-                measured = f"**not yet**: {', '.join(f'`{Path(t).name}`' for t in unmeasured)} on {ends}"
+                # Per file, the ends of the span it has not run on yet (a file run on one end still
+                # needs the other).
+                missing = []
+                for t in unmeasured:
+                    left = sorted(need - {r["torch"] for r in runs.get(t, [])}, key=parse_version)
+                    missing.append(f"`{Path(t).name}` on {', '.join(left) or 'a release'}")
+                measured = f"**not yet**: {'; '.join(missing)}"
             if row.get("why"):
                 measured += f" ({_cell(row['why'])})"
         lines.append(
