@@ -122,6 +122,30 @@ def test_started_later_watches_what_already_applied(module, config, overlays, st
     assert (sys.getprofile() is not None) is (sys.version_info < (3, 12))
 
 
+def test_a_fix_whose_other_modules_are_not_imported_yet_reports_the_runs_of_its_live_code(
+    sandbox, config, overlays, stop_reach
+):
+    # A fix over two modules is pending until both are imported, but the code of the first runs
+    # (the 2.11 variant of inductor-unbacked-split-slice: _meta_registrations at `import torch`,
+    # lowering and ir with inductor): its runs count from the first import on.
+    first, first_path = sandbox.module(MODULE)
+    _, second_path = sandbox.module(MODULE)
+    sandbox.series(
+        (
+            "0001-fix-two.patch",
+            make_patch("fix-two", [make_diff(first_path, MODULE, FIX_A), make_diff(second_path, MODULE, FIX_A)]),
+        )
+    )
+    overlay = overlays(config(reach=True))
+    stop_reach(overlay)
+    overlay.activate()
+    start(overlay)
+    mod = importlib.import_module(first)
+    assert _state(overlay, "fix-two").state == "pending"
+    assert mod.answer() == 42
+    assert _report(overlay) == {"fix-two": (1, "")}
+
+
 def test_off_by_default_watches_nothing(module, config, overlays):
     overlay = overlays(config())
     overlay.activate()

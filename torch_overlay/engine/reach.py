@@ -134,8 +134,9 @@ class Reach:
             self.watch(entry.id, changed)
 
     def report(self) -> list[dict[str, Any]]:
-        """Per applied fix: ``id``, ``calls`` (runs of its changed functions; None when it changed no
-        function, only definitions) and ``silent`` (its ``Silent:`` field)."""
+        """Per fix whose code runs (applied, or pending with some of its modules already running it):
+        ``id``, ``calls`` (runs of its changed functions; None when it changed no function, only
+        definitions) and ``silent`` (its ``Silent:`` field)."""
         from .._state import PatchState
         from .job_lines import silent_note
 
@@ -143,7 +144,7 @@ class Reach:
         return [
             {"id": e.id, "calls": counts.get(e.id, 0) if e.id in watched else None, "silent": silent_note(e)}
             for e in self._entries()
-            if e.state == PatchState.APPLIED
+            if e.state == PatchState.APPLIED or (e.state == PatchState.PENDING and e.live)
         ]
 
     def _dump(self) -> None:
