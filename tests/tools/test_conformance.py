@@ -167,3 +167,52 @@ def test_a_regression_without_a_why_is_a_problem_and_with_one_is_counted_as_expl
     assert f"each with a why in its run below: {explained + 1}." in render(
         record, patches
     ) and "unexplained" not in render(record, patches)
+
+
+def test_a_flagged_slowdown_is_shown_with_its_cpu_pairs_and_why_or_as_not_yet_explained(tmp_path):
+    patches = read_series(REPO / "patches")
+    path, run = _record_copy_with_run(tmp_path, {"pass": 2, "fail": 0, "error": 0, "skipped": 0}, 1.5, {})
+    record = load_record(path)
+    flagged = sum(len(r.get("slowdowns", [])) for r in record["run"])
+    unexplained = sum(1 for r in record["run"] for s in r.get("slowdowns", []) if not s.get("why"))
+    slow = {"test": "test_x.T::test_slow", "without": 10.0, "with": 20.0}
+    record["run"][-1]["slowdowns"] = [slow]
+    page = render(record, patches)
+    assert "| test_slow | 10.0 s -> 20.0 s | not re-measured | **not yet explained** |" in page
+    assert f"Flagged slowdowns not yet explained: {unexplained + 1} of {flagged + 1}." in page
+    slow.update(cpu=[[10.0, 10.5], [8.0, 8.0]], why="noise: CPU x1.05 and x1.00")
+    _write_record(path, record)
+    again = load_record(path)["run"][-1]["slowdowns"][0]
+    assert again["cpu"] == [[10.0, 10.5], [8.0, 8.0]] and again["why"] == slow["why"]
+    page = render(load_record(path), patches)
+    assert "| test_slow | 10.0 s -> 20.0 s | x1.05, x1.00 | noise: CPU x1.05 and x1.00 |" in page
+    assert f"Flagged slowdowns not yet explained: {unexplained} of {flagged + 1}." in page
+
+
+def test_a_rerun_keeps_what_re_measuring_a_test_flagged_again_found(tmp_path, monkeypatch):
+    from torch_overlay.tools import conformance
+
+    root = tmp_path / "repo"
+    (root / RECORD.parent).mkdir(parents=True)
+    shutil.copy(REPO / RECORD, root / RECORD)
+    record = load_record(root / RECORD)
+    old = next(r for r in record["run"] if r.get("slowdowns") and r["select"] == "")
+    kept = old["slowdowns"][0]
+    assert kept.get("why") and kept.get("cpu")
+    local = tmp_path / "test" / Path(old["upstream"]).relative_to("test")
+    local.parent.mkdir(parents=True)
+    local.write_text("")
+    result = {k: old[k] for k in ("without", "with", "differences", "time_ratio", "reach")}
+    again = {"test": kept["test"], "without": 1.0, "with": 3.0}
+    new = {"test": "test_x.T::test_new", "without": 1.0, "with": 3.0}
+    result["slowdowns"] = [again, new]
+    monkeypatch.setattr(conformance, "_compare", lambda *a: result)
+    monkeypatch.setattr(conformance, "run_check", lambda *a, **k: 0)
+    only = {r["torch"] for r in record["file"] if old["upstream"] in r.get("upstream", [])}
+    conformance.run_conformance(root, REPO / "patches", tmp_path / "test", only, 60.0)
+    rerun = next(
+        r for r in load_record(root / RECORD)["run"] if (r["upstream"], r["torch"]) == (old["upstream"], old["torch"])
+    )
+    first, second = rerun["slowdowns"]
+    assert (first["with"], first["cpu"], first["why"]) == (3.0, kept["cpu"], kept["why"])
+    assert "why" not in second and "cpu" not in second

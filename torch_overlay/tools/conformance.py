@@ -192,6 +192,7 @@ def render(record: dict, patches: list[Patch]) -> str:
             f"| {_counts(run['with'])} | {_cell(changed_text)} | {'—' if ratio is None else f'x{ratio:.2f}'} "
             f"| {reach_text} |"
         )
+    lines += _slowdowns(record)
     lines += _reach_per_fix(record, patches)
     adaptations = [(r["upstream"], r["torch"], a) for r in record["run"] for a in r.get("adaptations", [])]
     if adaptations:
@@ -199,6 +200,36 @@ def render(record: dict, patches: list[Patch]) -> str:
         lines += [f"- `{u}` on {t}: {_cell(a)}" for u, t, a in adaptations]
     lines += ["", "## Method\n", _cell(record.get("method", "")), ""]
     return "\n".join(lines) + "\n"
+
+
+def _slowdowns(record: dict) -> list[str]:
+    """Each test a run flagged as slower with the overlay (compare: over x1.2 and 5 s more, wall time of one
+    run each way), with what re-measuring it found: ``cpu`` holds, per pair of arms run alternately
+    (without, with, ...), the test's CPU seconds (user + sys of the pytest process and of the ranks it
+    reaped) without and with the overlay; ``why`` the verdict. A flag without a why is not yet explained."""
+    flagged = [(r, s) for r in record["run"] for s in r.get("slowdowns", [])]
+    if not flagged:
+        return []
+    lines = [
+        "",
+        "## Slowdowns flagged\n",
+        "Tests a run flagged as slower with the overlay (wall time, one run each way, on a loaded machine),",
+        "re-measured as CPU time with the arms alternated; CPU with / without per pair, then the verdict.\n",
+        "| upstream test file | torch | test | wall without -> with (flagged) | CPU with / without, per pair | verdict |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    unexplained = 0
+    for run, slow in sorted(flagged, key=lambda rs: (rs[0]["upstream"], parse_version(rs[0]["torch"]), rs[1]["test"])):
+        pairs = slow.get("cpu", [])
+        ratios = ", ".join(f"x{w / wo:.2f}" for wo, w in pairs if wo > 0) or "not re-measured"
+        unexplained += not slow.get("why")
+        lines.append(
+            f"| `{run['upstream']}` | {run['torch']} | {_cell(slow['test'].split('::')[-1])} "
+            f"| {slow['without']:.1f} s -> {slow['with']:.1f} s | {ratios} "
+            f"| {_cell(slow.get('why', '**not yet explained**'))} |"
+        )
+    lines += ["", f"Flagged slowdowns not yet explained: {unexplained} of {len(flagged)}."]
+    return lines
 
 
 def _reach_per_fix(record: dict, patches: list[Patch]) -> list[str]:
@@ -301,6 +332,10 @@ def run_conformance(root: Path, patches_dir: Path, tests_dir: Path, only: set[st
             for d in run["differences"]:
                 if d["test"] in why:
                     d["why"] = why[d["test"]]
+            # and what re-measuring a test flagged again as slower found (its CPU pairs and verdict)
+            known = {s["test"]: s for s in old.get("slowdowns", []) if "why" in s}
+            for s in run.get("slowdowns", []):
+                s.update({k: known[s["test"]][k] for k in ("cpu", "why") if k in known.get(s["test"], {})})
             run["adaptations"] = old.get("adaptations", [])
             record["run"].remove(old)
         record["run"].append(run)
