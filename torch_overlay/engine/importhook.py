@@ -4,8 +4,8 @@ For a watched name the finder asks the finders after it for the spec and wraps i
 :class:`ChainedLoader`. At ``exec_module`` the chained loader asks the hook's ``provide`` for the
 code to run (None: the module's own) and puts the original loader back on the spec (pkgutil and
 importlib.resources use it). A module that runs replaced code gets, as its ``__loader__`` and on its
-spec, a loader whose ``get_source`` returns the text that code was compiled from (``linecache`` and
-``inspect`` fall back to it after ``linecache.clearcache()``: Python 3.11 asks ``__loader__``, 3.13
+spec, a loader whose ``get_source`` returns the text that code was compiled from (what
+``inspect`` and ``linecache`` ask a module's loader for: Python 3.11 asks ``__loader__``, 3.13
 and 3.12.3+ ask ``__spec__.loader``); for a ``SourceFileLoader`` (every torch module) that is a
 ``SourceFileLoader`` itself, so everything else is as before. Then the callbacks registered for
 that name run. ``importlib.reload`` goes through the finder again, so it gets the

@@ -25,7 +25,6 @@ __all__ = [
     "MODULE_CODE",
     "module_code_key_fits",
     "MODULE_LEVEL",
-    "TAG",
 ]
 
 MODULE_LEVEL = "<module>"
@@ -62,14 +61,16 @@ class ModuleCode:
     def register_source(self) -> None:
         """Tracebacks, ``inspect.getsource`` and debuggers read the patched text.
 
-        Under the code's own file name, and under the installed file's name, which ``inspect``
-        uses for the module itself. mtime None: ``linecache.checkcache`` keeps the entries. After a
-        ``linecache.clearcache()`` (inductor calls it) the module's loader gives the text again.
+        The code carries the installed file's name (torch compares frames' file names with its
+        modules' ``__file__``: ``symbolic_shapes.uninteresting_files`` and the like), so linecache
+        holds the patched text under that name. mtime None: ``linecache.checkcache`` keeps the
+        entry; ``linecache.clearcache()`` (inductor calls it) puts it back (:func:`_keep_on_clear`).
         The lines come split from the code cache: splitting a module as large as distributed_c10d.py
         at every ``import torch`` cost twice as many instructions as unmarshalling its lines.
         """
-        for name in (self.filename, self.filename.removesuffix(TAG)):
-            linecache.cache[name] = (self.size, None, self.lines, name)
+        entry = (self.size, None, self.lines, self.filename)
+        linecache.cache[self.filename] = _REGISTERED[self.filename] = entry
+        _keep_on_clear()
 
     def patched_codes(self) -> list[types.CodeType]:
         """The code objects (functions, methods, classes) some patch changed."""
@@ -162,16 +163,33 @@ def _build(
     return compile(tree, filename, "exec", dont_inherit=True), changed, text.splitlines(True), len(text)
 
 
-# Patched code names its file like this: a name that is not on disk, so that linecache asks the
-# module's loader (which returns the patched text) rather than reading the installed file.
-TAG = "[torch_overlay]"
+# The linecache entries of the patched modules of this process: file name -> entry.
+_REGISTERED: dict[str, tuple[int, None, list[str], str]] = {}
+
+
+def _keep_on_clear() -> None:
+    """Make ``linecache.clearcache()`` keep the patched modules' text (once per process).
+
+    The patched code carries the installed file's name, which is on disk: after a plain clear,
+    linecache would read the installed text for code that runs the patched one."""
+    clear = linecache.clearcache
+    if getattr(clear, "__torch_overlay_keeps__", False):
+        return
+
+    def clearcache() -> None:
+        clear()
+        linecache.cache.update(_REGISTERED)
+
+    clearcache.__torch_overlay_keeps__ = True  # type: ignore[attr-defined]
+    clearcache.__doc__ = clear.__doc__
+    linecache.clearcache = clearcache
 
 
 def compile_module(
     cache: CacheFolder, module_name: str, file: Path, base: str, steps: list[tuple[str, str]]
 ) -> ModuleCode:
     """Code for ``steps[-1]``'s text (each step: a patch id and the text after it), cached on disk."""
-    filename = f"{file}{TAG}"
+    filename = str(file)
 
     def digest(text: str) -> str:
         return hashlib.sha256(text.encode()).hexdigest()
@@ -205,14 +223,14 @@ def module_code_key_fits(key: str, module_name: str, file: Path, pids: list[str]
     """Whether ``key`` is one :func:`compile_module` makes for ``module_name`` at ``file`` from the
     patches ``pids``, in order (a recalled decision names it: engine/caches/decision_record.py)."""
     parts = MODULE_CODE.parts(key)
-    head = [sys.version, module_name, f"{file}{TAG}"]
+    head = [sys.version, module_name, str(file)]
     return parts is not None and parts[:3] == head and [p.rpartition(":")[0] for p in parts[4:]] == pids
 
 
 def load_module_code(cache: CacheFolder, key: str, file: Path) -> ModuleCode | None:
     """The code :func:`compile_module` stored under ``key`` for ``file``, or None when the cache
     lacks it (or holds code compiled for another file or other patches)."""
-    filename = f"{file}{TAG}"
+    filename = str(file)
     pids = [p.rpartition(":")[0] for p in (MODULE_CODE.parts(key) or [])[4:]]
     record, stored = _stored_as(key, cache)
     found = record.load(cache, stored, _compiled_for(filename, pids))

@@ -27,8 +27,9 @@ def _is_module_code(value: object) -> bool:
     )
 
 
-# A patched module's code: (code, changed, lines, size).
-MODULE_CODE = Record("module code", 1, _is_module_code)
+# A patched module's code: (code, changed, lines, size). Version 2: the code carries the installed
+# file's name (version 1 added "[torch_overlay]" to it).
+MODULE_CODE = Record("module code", 2, _is_module_code)
 
 
 def _is_compiled_patch(value: object) -> bool:
@@ -51,5 +52,5 @@ SWAP_CODE = Record("swap code", 1, _is_compiled_patch)
 
 # The same, compiled with a counter at the start of each changed function (reach on Python 3.11,
 # engine/reach_counter.py): kinds of their own, so counted and plain code never stand in for each other.
-COUNTED_MODULE_CODE = Record("counted module code", 1, _is_module_code)
+COUNTED_MODULE_CODE = Record("counted module code", 2, _is_module_code)
 COUNTED_SWAP_CODE = Record("counted swap code", 1, _is_compiled_patch)
