@@ -130,16 +130,19 @@ def test_spawns_a_child_and_hangs():
 """
 
 
-def test_a_timeout_ends_the_spawned_processes_and_shows_pytests_output(tmp_path: Path) -> None:
+def test_a_timeout_ends_the_spawned_processes_and_shows_pytests_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "test_hangs.py"
     path.write_text(_HANGS, encoding="utf-8")
     out = io.StringIO()
-    # 40 s: time for pytest to start and reach the test on a loaded CI machine (15 s was too short
-    # there once: the run was killed before the test printed anything).
-    assert run_compare(path, ["-s"], timeout=40, out=out) == 2
+    # The runs are unbuffered (side_env): with PYTHONUNBUFFERED unset in the caller's environment,
+    # the print sat in pytest's buffer when the run was killed.
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    assert run_compare(path, ["-s"], timeout=15, out=out) == 2
     text = out.getvalue()
     assert "the run without the overlay wrote no report (timed out or crashed)" in text
-    assert "waiting for the child" in text and "killed after 40 s" in text
+    assert "waiting for the child" in text and "killed after 15 s" in text
     pid = int((tmp_path / "child.pid").read_text())
     # The child was killed with the test's process group; only a zombie may remain.
     try:

@@ -109,6 +109,8 @@ def side_env(
     # Temporary files go with the run: torch's MultiProcessTestCase leaves a rendezvous file per test.
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
     env["TMPDIR"] = str(scratch / "tmp")
+    # A run ended at its timeout is killed: unbuffered, what it printed up to then is in its output.
+    env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
 
