@@ -71,15 +71,21 @@ def start(overlay):
     overlay.reach = Reach(overlay._roster.made).watch_live(overlay._roster.components)
 
 
+def _started(overlays, config, stop_reach):
+    """An overlay activated with reach on, as ``import torch_overlay`` makes it."""
+    overlay = overlays(config(reach=True))
+    stop_reach(overlay)
+    overlay.activate()
+    start(overlay)
+    return overlay
+
+
 def _report(overlay):
     return {row["id"]: (row["calls"], row["silent"]) for row in overlay.reach.report()}
 
 
 def test_counts_the_runs_of_the_changed_functions_only(module, config, overlays, stop_reach):
-    overlay = overlays(config(reach=True))
-    stop_reach(overlay)
-    overlay.activate()
-    start(overlay)
+    overlay = _started(overlays, config, stop_reach)
     mod = importlib.import_module(module)
     assert _state(overlay, "fix-c").state == "applied"
     for _ in range(3):
@@ -136,10 +142,7 @@ def test_a_fix_whose_other_modules_are_not_imported_yet_reports_the_runs_of_its_
             make_patch("fix-two", [make_diff(first_path, MODULE, FIX_A), make_diff(second_path, MODULE, FIX_A)]),
         )
     )
-    overlay = overlays(config(reach=True))
-    stop_reach(overlay)
-    overlay.activate()
-    start(overlay)
+    overlay = _started(overlays, config, stop_reach)
     mod = importlib.import_module(first)
     assert _state(overlay, "fix-two").state == "pending"
     assert mod.answer() == 42
@@ -299,10 +302,7 @@ def test_a_counted_function_compiles_whole_and_counts_eager_runs_only(sandbox, c
 
     name, path = sandbox.module(RAISES)
     sandbox.series(("0001-fix-r.patch", make_patch("fix-r", [make_diff(path, RAISES, RAISES_FIXED)])))
-    overlay = overlays(config(reach=True))
-    stop_reach(overlay)
-    overlay.activate()
-    start(overlay)
+    overlay = _started(overlays, config, stop_reach)
     mod = importlib.import_module(name)
     assert counted_key(mod.step.__code__)
     x = torch.ones(3)

@@ -132,7 +132,7 @@ def render(record: dict, patches: list[Patch]) -> str:
     ]
     pending = 0
     regressions = [d for run in record["run"] for d in run.get("differences", []) if d.get("regression")]
-    unexplained = sum(1 for d in regressions if not d.get("why"))
+    unexplained = sum(len(unexplained_regressions(run)) for run in record["run"])
     explained = len(regressions) - unexplained
     for row in record["file"]:
         f = row["torch"]
