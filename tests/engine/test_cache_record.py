@@ -15,6 +15,7 @@ KINDS = [
     activation_memo.ACTIVATION_MEMO,
     decision_record.DECISION,
     compiled_code.MODULE_CODE,
+    compiled_code.MODULE_LINES,
     compiled_code.SWAP_CODE,
     compiled_code.COUNTED_MODULE_CODE,
     compiled_code.COUNTED_SWAP_CODE,

@@ -7,12 +7,13 @@ import difflib
 import hashlib
 import linecache
 import sys
+import threading
 import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .caches.compiled_code import COUNTED_MODULE_CODE, MODULE_CODE
+from .caches.compiled_code import COUNTED_MODULE_CODE, MODULE_CODE, MODULE_LINES
 
 if TYPE_CHECKING:
     from .caches.folder import CacheFolder
@@ -40,7 +41,8 @@ class ModuleCode:
         code: types.CodeType,
         changed: dict[str, list[str]],  # patch id -> qualnames its hunks touch (MODULE_LEVEL outside defs)
         filename: str,
-        lines: list[str],  # the patched text, as linecache holds it (kept split: splitting is the cost)
+        lines: list[str],  # the patched text, as linecache holds it (kept split: splitting is the cost);
+        # from the code cache, a _LinesOnDemand
         size: int,  # len() of that text
         key: str = "",  # its entry in the code cache
     ) -> None:
@@ -65,8 +67,9 @@ class ModuleCode:
         modules' ``__file__``: ``symbolic_shapes.uninteresting_files`` and the like), so linecache
         holds the patched text under that name. mtime None: ``linecache.checkcache`` keeps the
         entry; ``linecache.clearcache()`` (inductor calls it) puts it back (:func:`_keep_on_clear`).
-        The lines come split from the code cache: splitting a module as large as distributed_c10d.py
-        at every ``import torch`` cost twice as many instructions as unmarshalling its lines.
+        The lines come split from the code cache (splitting a module as large as distributed_c10d.py
+        at every ``import torch`` cost twice as many instructions as unmarshalling its lines), and
+        only when first read (:class:`_LinesOnDemand`).
         """
         entry = (self.size, None, self.lines, self.filename)
         linecache.cache[self.filename] = _REGISTERED[self.filename] = entry
@@ -95,6 +98,58 @@ class ModuleCode:
             if code.co_flags & _CO_OPTIMIZED:
                 by_name.setdefault(code.co_qualname, []).append(code)
         return {pid: [c for q in names for c in by_name.get(q, [])] for pid, names in self.changed.items()}
+
+
+_FILLING = threading.Lock()
+
+
+class _LinesOnDemand(list[str]):
+    """A patched module's lines, read from the code cache the first time anything reads them.
+
+    linecache's entry must hold a list (``getlines`` returns it as it is), and a module's lines are
+    read by a traceback or ``inspect`` in few processes, but were unmarshalled and checked at every
+    ``import torch``. Every method of ``list`` reads them first, so the C code behind each sees a
+    filled list. Lines that can no longer be read (the entry was deleted since the import) are
+    none: a traceback then shows frames without their text, never the installed file's text at the
+    patched code's line numbers."""
+
+    __slots__ = ("_read",)
+
+    def __init__(self, read: Callable[[], list[str] | None]) -> None:
+        super().__init__()
+        self._read: Callable[[], list[str] | None] | None = read
+
+    def _filled(self) -> list[str]:
+        read = self._read
+        if read is not None:
+            lines = read() or []
+            with _FILLING:  # two threads' first reads: one fills
+                if self._read is not None:
+                    self._read = None
+                    list.extend(self, lines)
+        return self
+
+
+def _reading_first(name: str) -> Callable[..., object]:
+    method = getattr(list, name)
+
+    def reads_first(self: _LinesOnDemand, *args: object, **kwargs: object) -> object:
+        return method(self._filled(), *args, **kwargs)
+
+    reads_first.__name__ = name
+    return reads_first
+
+
+for _name, _method in vars(list).items():
+    if callable(_method) and _name not in (
+        "__new__",
+        "__init__",
+        "__getattribute__",
+        "__init_subclass__",
+        "__class_getitem__",
+    ):
+        setattr(_LinesOnDemand, _name, _reading_first(_name))
+del _name, _method
 
 
 def _qualnames_by_line(tree: ast.Module) -> list[tuple[int, int, str]]:
@@ -195,11 +250,20 @@ def compile_module(
         return hashlib.sha256(text.encode()).hexdigest()
 
     key = MODULE_CODE.key(sys.version, module_name, filename, digest(base), *(f"{p}:{digest(t)}" for p, t in steps))
-    build = lambda: _build(module_name, filename, base, steps, cache.counting)  # noqa: E731
-    checked = _compiled_for(filename, [p for p, _ in steps])
+    found = load_module_code(cache, key, file)
+    if found is not None:
+        return found
+    code, changed, lines, size = _build(module_name, filename, base, steps, cache.counting)
     record, stored = _stored_as(key, cache)
-    code, changed, lines, size = record.load_or_build(cache, stored, build, checked)
+    record.store(cache, stored, (code, changed, size))
+    MODULE_LINES.store(cache, _lines_key(key), lines)
     return ModuleCode(code, changed, filename, lines, size, key)
+
+
+def _lines_key(key: str) -> str:
+    """The key of the lines of the module whose code is stored under the MODULE_CODE ``key``
+    (counted code or not: the text is the same)."""
+    return MODULE_LINES.key(*(MODULE_CODE.parts(key) or []))
 
 
 def _stored_as(key: str, cache: CacheFolder) -> tuple[Record, str]:
@@ -229,12 +293,21 @@ def module_code_key_fits(key: str, module_name: str, file: Path, pids: list[str]
 
 def load_module_code(cache: CacheFolder, key: str, file: Path) -> ModuleCode | None:
     """The code :func:`compile_module` stored under ``key`` for ``file``, or None when the cache
-    lacks it (or holds code compiled for another file or other patches)."""
+    lacks it or its lines (or holds code compiled for another file or other patches). The lines
+    are read when first used."""
     filename = str(file)
     pids = [p.rpartition(":")[0] for p in (MODULE_CODE.parts(key) or [])[4:]]
+    lines_key = _lines_key(key)
+    if not MODULE_LINES.has(cache, lines_key):
+        return None
     record, stored = _stored_as(key, cache)
     found = record.load(cache, stored, _compiled_for(filename, pids))
     if found is None:
         return None
-    code, changed, lines, size = found[0]
-    return ModuleCode(code, changed, filename, lines, size, key)
+    code, changed, size = found[0]
+
+    def read() -> list[str] | None:
+        lines = MODULE_LINES.load(cache, lines_key)
+        return lines[0] if lines is not None else None
+
+    return ModuleCode(code, changed, filename, _LinesOnDemand(read), size, key)

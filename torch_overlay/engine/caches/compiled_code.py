@@ -10,26 +10,34 @@ import types
 
 from .record import Record
 
-__all__ = ["COUNTED_MODULE_CODE", "COUNTED_SWAP_CODE", "MODULE_CODE", "SWAP_CODE"]
+__all__ = ["COUNTED_MODULE_CODE", "COUNTED_SWAP_CODE", "MODULE_CODE", "MODULE_LINES", "SWAP_CODE"]
 
 
 def _is_module_code(value: object) -> bool:
     """The shape of :func:`~..modcode.compile_module`'s entry: its code, what each patch changed
-    (patch id -> qualnames), its lines and its size."""
+    (patch id -> qualnames) and the size of its text."""
     return (
         isinstance(value, tuple)
-        and len(value) == 4
+        and len(value) == 3
         and isinstance(value[0], types.CodeType)
         and isinstance(value[1], dict)
         and all(isinstance(k, str) and isinstance(v, list) for k, v in value[1].items())
-        and isinstance(value[2], list)
-        and isinstance(value[3], int)
+        and isinstance(value[2], int)
     )
 
 
-# A patched module's code: (code, changed, lines, size). Version 2: the code carries the installed
-# file's name (version 1 added "[torch_overlay]" to it).
-MODULE_CODE = Record("module code", 2, _is_module_code)
+def _is_lines(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(line, str) for line in value)
+
+
+# A patched module's code: (code, changed, size). Version 2: the code carries the installed file's
+# name (version 1 added "[torch_overlay]" to it). Version 3: its lines are an entry of their own.
+MODULE_CODE = Record("module code", 3, _is_module_code)
+
+# A patched module's text, split into lines as linecache holds them, under the parts of its
+# MODULE_CODE key: read when a traceback or ``inspect`` first asks for it, not at every ``import
+# torch`` (unmarshalling and checking distributed_c10d.py's lines was most of that entry's cost).
+MODULE_LINES = Record("module lines", 1, _is_lines)
 
 
 def _is_compiled_patch(value: object) -> bool:

@@ -112,6 +112,10 @@ class CacheFolder:
         path, key_digest = self._entry(key)
         return self._read(path, key_digest, check)
 
+    def has(self, key: str) -> bool:
+        """Whether a file is stored for ``key`` (unread, so not yet verified)."""
+        return self._ready() and os.path.isfile(self._entry(key)[0])
+
     def store(self, key: str, value: object) -> None:
         """Keep ``value`` (marshal-able) for ``key``; a cache that cannot be written is skipped."""
         if self._ready():

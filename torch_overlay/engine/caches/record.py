@@ -62,6 +62,10 @@ class Record:
         """``(value,)`` stored under ``key`` if it verifies and is believed; None otherwise."""
         return folder.load(key, self._believed(check)) if self.owns(key) else None
 
+    def has(self, folder: CacheFolder, key: str) -> bool:
+        """Whether an entry is stored under ``key`` (not read: :meth:`load` still checks it)."""
+        return self.owns(key) and folder.has(key)
+
     def store(self, folder: CacheFolder, key: str, value: object) -> None:
         """Keep ``value`` (marshal-able) under ``key``; a value not of this kind's shape is not kept
         (it would not be believed)."""
