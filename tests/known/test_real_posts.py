@@ -6,7 +6,8 @@ Recall: of the posts of a known bug, those where ``explain`` names that bug (as 
 possibly that bug when the paste lacks the frame or class a signature asks for). Precision: of the
 *known* answers (sure ones), those that are right; a "possibly" answer says that it is a guess and
 is counted apart. The corpus is split (real_posts/README.md) into a part the signatures were tuned
-on and a part only measured on; docs/guide/explain.md reports the measured part's figures, checked here.
+on and a part only measured on: the tuning part holds a floor (recall >= 85%, precision >= 95%);
+docs/guide/explain.md reports the measured part's figures, checked here exactly.
 """
 
 from __future__ import annotations
@@ -87,8 +88,11 @@ def _figures(posts: list[Post]) -> tuple[int, int, int, int, str]:
     return hits, sum(1 for p in posts if p.expect), right_known, named_known, "\n".join(rows)
 
 
-def test_recall_and_precision():
-    hits, posts_of_known_bugs, right_known, named_known, report = _figures(ALL)
+def test_recall_and_precision_on_the_tuning_part():
+    # The floor the signatures are tuned to hold. The measured part is never tuned on, so no floor
+    # can be asserted on it (or on the whole corpus, which holds it) without tuning on it: its
+    # figures are checked exactly against what the explain guide reports (below).
+    hits, posts_of_known_bugs, right_known, named_known, report = _figures([p for p in ALL if not p.measured])
     recall = hits / posts_of_known_bugs
     precision = right_known / named_known if named_known else 1.0
     assert recall >= RECALL_AT_LEAST, f"recall {recall:.2f} ({hits}/{posts_of_known_bugs}):\n{report}"

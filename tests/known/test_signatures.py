@@ -40,7 +40,7 @@ def test_frame_and_type_qualifiers():
     assert both.matches(TANGENT)
 
 
-@pytest.mark.parametrize("line", ["", "re:", "re:(unclosed", "text | where=x", "text | frame="])
+@pytest.mark.parametrize("line", ["", "re:", "re:(unclosed", "text | where=x", "text | frame=", "text | unless=("])
 def test_malformed_signatures_are_refused(line):
     with pytest.raises(SignatureError):
         parse_signature(line)
@@ -69,6 +69,19 @@ def test_a_generic_message_is_at_most_possibly_and_needs_its_qualifiers():
     assert sig.match(TANGENT) == POSSIBLY and not sig.matches(TANGENT)
     assert sig.match(ErrorText("RuntimeError: Node x was invalid", ("RuntimeError",))) is None
     assert parse_signature("was invalid | possibly").match(TANGENT) == POSSIBLY
+
+
+def test_unless_another_cause_shows_the_answer_is_a_guess():
+    from torch_overlay.known.signatures import KNOWN, POSSIBLY
+
+    # SAC rejecting a runtime op (what the fix covers) and, in the same text, a compute op (what it
+    # does not): the recomputation diverged for another reason too.
+    sig = parse_signature(r"re:fsdp\.\w+\.default encountered during backward | unless=aten\.\w+\.\w+ encountered")
+    runtime = "RuntimeError: fsdp.all_gather_copy_in.default encountered during backward but not found in storage"
+    assert sig.match(ErrorText(runtime, ("RuntimeError",))) == KNOWN
+    both = runtime + "\n\naten.empty.memory_format encountered\nduring backward but not found in storage"
+    assert sig.match(ErrorText(both, ("RuntimeError",))) == POSSIBLY
+    assert parse_signature("was invalid | unless=tangents_\\d").match(TANGENT) == POSSIBLY
 
 
 def test_a_frame_of_the_same_file_is_a_near_fit():

@@ -4,7 +4,8 @@ r"""An error signature: one ``Error:`` line of a patch (or an ``errors`` entry o
 searched in the text with its whitespace runs made single spaces), each
 optionally followed by `` | frame=<text>`` (a traceback frame's file or function contains it;
 ``frame=<file>.py:<function>``: that function of that file) and `` | type=<Name>`` (the exception's
-type name). See docs/reference/patch-format.md, "Error signatures".
+type name), and `` | unless=<regex>`` (found in the error's text, it shows a cause the fix does not
+cover: the answer is *possibly* at most). See docs/reference/patch-format.md, "Error signatures".
 
 A match is *known* when the text and every qualifier match, and *possibly* when the text matches
 but the error as pasted cannot show a qualifier (no frames, none of torch's frames, or no exception
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 __all__ = ["ErrorText", "KNOWN", "POSSIBLY", "Signature", "SignatureError", "parse_signature"]
 
-_QUALIFIERS = ("frame", "type")
+_QUALIFIERS = ("frame", "type", "unless")
 KNOWN = "known"
 POSSIBLY = "possibly"
 
@@ -64,6 +65,7 @@ class Signature:
     type: str | None = None
     generic: bool = False  # `| possibly`: the text alone never makes the answer sure
     elided: re.Pattern[str] | None = None  # the pattern with `...` allowed for each number and name
+    unless: re.Pattern[str] | None = None  # `| unless=`: the error also shows another cause
 
     def text_matches(self, error: ErrorText) -> bool:
         """Whether the message matches, as pasted: wrapped anywhere, numbers and names elided."""
@@ -74,7 +76,7 @@ class Signature:
         """:data:`KNOWN`, :data:`POSSIBLY` (a qualifier the error does not show) or None."""
         if not self.text_matches(error):
             return None
-        sure = True
+        sure = self.unless is None or not any(self.unless.search(t) for t in (error.text, error.flat, error.unwrapped))
         if self.type is not None:
             if not error.types:
                 sure = False
@@ -138,9 +140,14 @@ def parse_signature(line: str) -> Signature:
         name, eq, value = qual.strip().partition("=")
         if not eq or name not in _QUALIFIERS or not value.strip():
             raise SignatureError(
-                f"{line!r}: a qualifier is `frame=<text>`, `type=<Name>` or `possibly`, not {qual.strip()!r}"
+                f"{line!r}: a qualifier is `frame=<text>`, `type=<Name>`, `unless=<regex>` or `possibly`, "
+                f"not {qual.strip()!r}"
             )
         qualifiers[name] = value.strip()
+    try:
+        unless = re.compile(qualifiers["unless"]) if "unless" in qualifiers else None
+    except re.error as exc:
+        raise SignatureError(f"{line!r}: bad regular expression after unless=: {exc}") from None
     if head.startswith("re:"):
         try:
             pattern = re.compile(head[3:].strip())
@@ -150,7 +157,9 @@ def parse_signature(line: str) -> Signature:
         pattern = re.compile(_fragment_regex(head))
     if not pattern.pattern:
         raise SignatureError(f"{line!r}: no text to match")
-    return Signature(line, pattern, qualifiers.get("frame"), qualifiers.get("type"), generic, _elided(pattern.pattern))
+    return Signature(
+        line, pattern, qualifiers.get("frame"), qualifiers.get("type"), generic, _elided(pattern.pattern), unless
+    )
 
 
 def parse_signatures(lines: Iterable[str]) -> tuple[Signature, ...]:
