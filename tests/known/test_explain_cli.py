@@ -13,6 +13,7 @@ import pytest
 
 from torch_overlay.cli.main import main
 from torch_overlay.known.catalogue import load_catalogue
+from torch_overlay.known.subsystems import pointed_at
 from torch_overlay.known.verdicts import explain_log
 
 REPO = Path(__file__).resolve().parents[2]
@@ -276,6 +277,27 @@ def test_a_guess_only_where_the_text_points_at_the_part_of_torch_with_the_bug():
     assert named(f"the step inside context_parallel() fails:\n{sdpa}") == [
         ("context-parallel-exit-on-exception", "possibly")
     ]
+
+
+def test_a_bug_is_in_the_parts_its_title_names_not_in_where_it_was_met():
+    # clip_grad_norm_ over DTensor and plain gradients is a DTensor bug; FSDP2 (its symptom's example,
+    # its test's folder) is one way to meet it, which a paste of the message need not name.
+    catalogue = load_catalogue(PATCHES)
+    bugs = {b.id: b for b in catalogue.bugs}
+    assert bugs["clip-grad-norm-mixed-meshes"].parts == {"dtensor"}
+    assert "fsdp" in bugs["fsdp-accumulated-grad-dtype"].parts
+    untitled = [b for b in catalogue.bugs if b.kind == "fix" and not pointed_at(b.title)]
+    assert untitled and all(b.parts == pointed_at(b.patch.main.fields.get("Symptom", "")) for b in untitled)
+
+    def named(text: str) -> list[tuple[str, str]]:
+        return [(m.bug.id, m.confidence) for ex in explain_log(text, catalogue, "2.13.0", env={}) for m in ex.matches]
+
+    # The message quoted without frames, with a foreach op or without an op (clipping and the
+    # optimizer both run foreach ops): a guess at each, FSDP named or not.
+    both = [("clip-grad-norm-mixed-meshes", "possibly"), ("optimizer-foreach-mixed-dtensor", "possibly")]
+    quoted = "clip_grad_norm_ fails: `RuntimeError: aten._foreach_norm.Scalar: got mixed torch.Tensor and DTensor`\n"
+    assert sorted(named(quoted)) == both
+    assert sorted(named("RuntimeError: got mixed torch.Tensor and DTensor during gradient clipping\n")) == both
 
 
 # functorch prints "Cannot access storage of TensorWrapper" for any transformed code that reads a
