@@ -84,6 +84,14 @@ def test_unless_another_cause_shows_the_answer_is_a_guess():
     assert parse_signature("was invalid | unless=tangents_\\d").match(TANGENT) == POSSIBLY
 
 
+def test_a_message_quoted_in_a_code_comment_and_wrapped_there():
+    sig = parse_signature("is shared with a parameter already managed by another FSDP group")
+    comment = "# dies with\n# \"Parameter 'w' is shared with a parameter already managed by another\n# FSDP group\"\n"
+    assert sig.matches(ErrorText(comment))
+    assert sig.matches(ErrorText(comment.replace("# ", "// ")))
+    assert not sig.matches(ErrorText(comment.replace("another\n# FSDP", "another\n# DDP")))
+
+
 def test_a_frame_of_the_same_file_is_a_near_fit():
     from torch_overlay.known.signatures import KNOWN, POSSIBLY
 

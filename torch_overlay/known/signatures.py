@@ -16,7 +16,8 @@ traceback to tell them apart: it is never more than *possibly*, and nothing at a
 does not show its qualifiers.
 
 A number or name that a paste elides (``invocation index ... encountered``) matches a signature's
-``\d+`` or ``\w+``, and a message wrapped in the middle of a word matches too.
+``\d+`` or ``\w+``, and a message wrapped in the middle of a word, or wrapped in a code comment
+(each line starting with ``#`` or ``//``), matches too.
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ class ErrorText:
         """The text with its line breaks and their indentation removed: a message wrapped mid-word."""
         return re.sub(r"[ \t]*\n[ \t>]*", "", self.text)
 
+    @property
+    def uncommented(self) -> str:
+        """:attr:`flat` of the text with the comment markers that start its lines taken out: a
+        message quoted in a code comment and wrapped there (``# ... another\\n# FSDP group``)."""
+        return " ".join(re.sub(r"(?m)^[ \t]*(?:#+|//+)[ \t]?", "", self.text).split())
+
     def torch_frames(self) -> tuple[str, ...]:
         return tuple(f for f in self.frames if re.search(r"[/\\]torch[/\\]|^File \"torch[/\\]", f))
 
@@ -69,7 +76,7 @@ class Signature:
 
     def text_matches(self, error: ErrorText) -> bool:
         """Whether the message matches, as pasted: wrapped anywhere, numbers and names elided."""
-        texts = (error.text, error.flat, error.unwrapped)
+        texts = (error.text, error.flat, error.unwrapped, error.uncommented)
         return any(p.search(t) for p in (self.pattern, self.elided) if p is not None for t in texts)
 
     def match(self, error: ErrorText) -> str | None:
