@@ -13,9 +13,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Raised in the scripts below: the text of aot-subclass-outputs-view-replay's bug.
-RAISE = 'raise RuntimeError("aten.as_strided.default: as_strided not supported with DTensor")'
-FIX = "aot-subclass-outputs-view-replay"
+# Raised in the scripts below: the text of dtensor-is-any-true-strategy's bug, which its message alone
+# names (a message that other causes print too gets no line: it is at most *possibly* that bug).
+RAISE = 'raise NotImplementedError("Operator aten._is_any_true.default does not have a sharding strategy registered.")'
+FIX = "dtensor-is-any-true-strategy"
 
 
 def _run(script: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -39,8 +40,10 @@ def test_disabled_fix_gets_one_line_after_the_traceback():
     lines = proc.stderr.rstrip().splitlines()
     assert proc.returncode == 1
     assert lines[0] == "Traceback (most recent call last):"
-    assert lines[-2].startswith("RuntimeError: aten.as_strided.default"), lines  # the traceback, unchanged, first
-    assert lines[-1].startswith("torch_overlay: this error is a known torch bug (pytorch#184002"), lines
+    assert lines[-2].startswith("NotImplementedError: Operator aten._is_any_true"), (
+        lines
+    )  # the traceback, unchanged, first
+    assert lines[-1].startswith("torch_overlay: this error is a known torch bug (pytorch#170936"), lines
     assert f"{FIX} fixes, but that fix is disabled in this process: TORCH_OVERLAY_DISABLE" in lines[-1]
     assert f"Remove {FIX} from TORCH_OVERLAY_DISABLE" in lines[-1]
     assert len(_hint_lines(proc.stderr)) == 1
@@ -49,7 +52,7 @@ def test_disabled_fix_gets_one_line_after_the_traceback():
 def test_late_import_gets_the_import_first_remedy():
     proc = _run(
         f"""
-        import torch._functorch.aot_autograd  # before the overlay: the late path
+        import torch.distributed.tensor._ops._math_ops  # before the overlay: the late path
         import torch_overlay
         state = {{r.id: r.state for r in torch_overlay.status()}}["{FIX}"]
         print(state)
