@@ -111,7 +111,7 @@ WHY_SURE = {
     ("dtensor-view-flatten-shard1", r"re:Attempted to flatten multiple dimensions, with dimension \d+ being sharded"): (
         "a looked-at report of the message itself"
     ),
-    ("dtensor-view-flatten-shard1", r"re:Attempted to flatten sharded dimension \d+,"): "the same, older wording",
+    ("dtensor-view-flatten-shard1", r"re:Attempted to flatten sharded dimension \d+\b"): "the same, older wording",
     ("meta-histc-int64", '"histogram_cpu" not implemented for'): "a looked-at report of the message itself",
     ("dynamo-fake-tensor-mode-init-skip", r"re:function `?FakeTensorMode\.__init__`? should not be traced"): (
         "a looked-at report of the message itself"
