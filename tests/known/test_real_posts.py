@@ -19,6 +19,11 @@ from pathlib import Path
 
 import pytest
 
+if __name__ == "__main__":  # run as a script: the figures (main, below), from a checkout
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from torch_overlay.known.catalogue import load_catalogue
 from torch_overlay.known.verdicts import explain_log
 from torch_overlay.known.signatures import KNOWN
@@ -114,3 +119,34 @@ def test_the_explain_guide_reports_the_measured_part():
 def test_other_errors_are_never_called_a_known_bug(post):
     known, _ = _answers(post)
     assert not known, f"{post.name} ({post.source}) is not a bug of the catalogue, but explain says {known}"
+
+
+def main(argv: list[str]) -> int:
+    """Print the figures of each part (``--rows``: and every post that is missed, wrongly known or
+    guessed at): ``python tests/known/test_real_posts.py [--rows] [--from N]`` (posts N and later)."""
+    first = int(argv[argv.index("--from") + 1]) if "--from" in argv else 0
+    posts = [p for p in ALL if int(p.name.split("-", 1)[0]) >= first]
+    for part, chosen in (
+        ("measured", [p for p in posts if p.measured]),
+        ("tuning", [p for p in posts if not p.measured]),
+        ("whole", posts),
+    ):
+        hits, known_posts, right, named, _ = _figures(chosen)
+        print(f"{part}: recall {hits} of {known_posts}, precision {right} of {named}")
+    if "--rows" in argv:
+        for post in posts:
+            known, possibly = _answers(post)
+            if (
+                (post.expect and post.expect not in known | possibly)
+                or known - {post.expect}
+                or possibly - {post.expect}
+            ):
+                part = "measured" if post.measured else "tuning"
+                print(
+                    f"  {part:8} {post.name}: expect {post.expect}, known {sorted(known)}, possibly {sorted(possibly)}"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
