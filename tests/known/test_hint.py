@@ -40,9 +40,8 @@ def test_disabled_fix_gets_one_line_after_the_traceback():
     lines = proc.stderr.rstrip().splitlines()
     assert proc.returncode == 1
     assert lines[0] == "Traceback (most recent call last):"
-    assert lines[-2].startswith("NotImplementedError: Operator aten._is_any_true"), (
-        lines
-    )  # the traceback, unchanged, first
+    # The traceback, unchanged, first.
+    assert lines[-2].startswith("NotImplementedError: Operator aten._is_any_true"), lines
     assert lines[-1].startswith("torch_overlay: this error is a known torch bug (pytorch#170936"), lines
     assert f"{FIX} fixes, but that fix is disabled in this process: TORCH_OVERLAY_DISABLE" in lines[-1]
     assert f"Remove {FIX} from TORCH_OVERLAY_DISABLE" in lines[-1]

@@ -48,7 +48,7 @@ WHY_SURE = {
     ),
     ("dtensor-strided-shard-view-compile", r"re:Pending unbacked symbols \{u\d+(, u\d+){7,}"): (
         "eight or more pending unbacked symbols: the _StridedShard view's local sizes; other pending-symbol "
-        "errors in the corpus have one or two"
+        "errors in the corpus have one to four"
     ),
     ("fsdp-unused-params-backward-order", r"re:object has no attribute 'set_reduce_scatter_unused_params'"): (
         "the method the fix adds, called by trainers written for it"

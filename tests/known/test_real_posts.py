@@ -43,9 +43,13 @@ class Post:
     text: str
 
     @property
+    def number(self) -> int:
+        return int(self.name.split("-", 1)[0])
+
+    @property
     def measured(self) -> bool:
         """Held out (real_posts/README.md): gathered after the split, by its source's digest."""
-        return int(self.name.split("-", 1)[0]) >= 49 and hashlib.sha256(self.source.encode()).hexdigest()[0] >= "8"
+        return self.number >= 49 and hashlib.sha256(self.source.encode()).hexdigest()[0] >= "8"
 
 
 def _read(path: Path) -> Post:
@@ -125,7 +129,7 @@ def main(argv: list[str]) -> int:
     """Print the figures of each part (``--rows``: and every post that is missed, wrongly known or
     guessed at): ``python tests/known/test_real_posts.py [--rows] [--from N]`` (posts N and later)."""
     first = int(argv[argv.index("--from") + 1]) if "--from" in argv else 0
-    posts = [p for p in ALL if int(p.name.split("-", 1)[0]) >= first]
+    posts = [p for p in ALL if p.number >= first]
     for part, chosen in (
         ("measured", [p for p in posts if p.measured]),
         ("tuning", [p for p in posts if not p.measured]),
@@ -133,14 +137,10 @@ def main(argv: list[str]) -> int:
     ):
         hits, known_posts, right, named, _ = _figures(chosen)
         print(f"{part}: recall {hits} of {known_posts}, precision {right} of {named}")
-    if "--rows" in argv:
+    if "--rows" in argv:  # the posts where an answer is missing or wrong
         for post in posts:
             known, possibly = _answers(post)
-            if (
-                (post.expect and post.expect not in known | possibly)
-                or known - {post.expect}
-                or possibly - {post.expect}
-            ):
+            if post.expect not in known | possibly | {None} or (known | possibly) - {post.expect}:
                 part = "measured" if post.measured else "tuning"
                 print(
                     f"  {part:8} {post.name}: expect {post.expect}, known {sorted(known)}, possibly {sorted(possibly)}"
