@@ -118,3 +118,51 @@ def test_elided_numbers_and_words_wrapped_mid_word(text):
     assert sig.matches(ErrorText(text, ("RuntimeError",)))
     named = "RuntimeError: fsdp.all_gather_copy_in.default invocation index x encountered"
     assert not sig.matches(ErrorText(named, ("RuntimeError",)))
+
+
+GRAD_DTYPE = r"re:attempting to assign a gradient with dtype '[^']+' to a tensor with (grad_)?dtype '[^']+'"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # retold with other quote marks, or none
+        'dies with "attempting to assign a gradient with dtype BFloat16 to a tensor with grad_dtype Float" inside',
+        'RuntimeError: attempting to assign a gradient with dtype "c10::BFloat16" to a tensor with grad_dtype "Float"',
+        # cut short where the paste stops quoting it: a closing quote, an ellipsis, the end of the text
+        "would fail outright with\n  \"attempting to assign a gradient with dtype 'c10::BFloat16'\".",
+        "RuntimeError: attempting to assign a gradient with dtype 'c10::BFloat16' to a tensor ...",
+        "RuntimeError: attempting to assign a gradient with dtype 'c10::BFloat16' to a",
+    ],
+)
+def test_a_near_fit_of_the_message_is_possibly_at_most(text):
+    from torch_overlay.known.signatures import POSSIBLY
+
+    torch_frame = 'File "/site/torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py", line 9, in foreach_reduce'
+    sig = parse_signature(f"{GRAD_DTYPE} | frame=_fsdp_collectives.py:foreach_reduce")
+    assert not sig.text_matches(ErrorText(text))
+    assert sig.match(ErrorText(text, ("RuntimeError",), (torch_frame,))) == POSSIBLY  # even with its frame
+    assert parse_signature(f"{GRAD_DTYPE} | possibly").match(ErrorText(text)) is None  # a generic message: nothing
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # the start of the message, then other words: not a cut, another message
+        "RuntimeError: attempting to assign a gradient with dtype 'c10::BFloat16' when the hook ran",
+        "attempting to assign a gradient with dtype 'c10::Half' to a parameter of another size",
+        # fewer than five of its words
+        "RuntimeError: attempting to assign a",
+        # a near fit whose frames contradict the qualifier
+    ],
+)
+def test_what_is_not_a_near_fit(text):
+    sig = parse_signature(f"{GRAD_DTYPE} | frame=_fsdp_collectives.py:foreach_reduce")
+    assert sig.match(ErrorText(text)) is None
+
+
+def test_a_near_fit_still_obeys_its_qualifiers():
+    sig = parse_signature(f"{GRAD_DTYPE} | frame=_fsdp_collectives.py:foreach_reduce")
+    other = 'File "/site/torch/autograd/graph.py", line 9, in _engine_run_backward'
+    text = "RuntimeError: attempting to assign a gradient with dtype BFloat16 to a tensor with grad_dtype Float"
+    assert sig.match(ErrorText(text, ("RuntimeError",), (other,))) is None

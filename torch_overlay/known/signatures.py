@@ -18,6 +18,11 @@ does not show its qualifiers.
 A number or name that a paste elides (``invocation index ... encountered``) matches a signature's
 ``\d+`` or ``\w+``, and a message wrapped in the middle of a word, or wrapped in a code comment
 (each line starting with ``#`` or ``//``), matches too.
+
+Two near fits are *possibly* at most (never for a `` | possibly`` signature): the message retold
+with other quote marks or none (``with dtype BFloat16 to a tensor with grad_dtype Float``), and the
+message cut short where the paste stops quoting it (the end of the text, a closing quote or ``...``)
+after at least :data:`_CUT_MIN_WORDS` of its words.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 __all__ = ["ErrorText", "KNOWN", "POSSIBLY", "Signature", "SignatureError", "parse_signature"]
 
@@ -79,11 +85,31 @@ class Signature:
         texts = (error.text, error.flat, error.unwrapped, error.uncommented)
         return any(p.search(t) for p in (self.pattern, self.elided) if p is not None for t in texts)
 
+    @cached_property
+    def near_patterns(self) -> tuple[re.Pattern[str], ...]:
+        """The message with its quote marks made any quote mark or none."""
+        return (re.compile(_any_quotes(self.pattern.pattern)),)
+
+    @cached_property
+    def cut_patterns(self) -> tuple[re.Pattern[str], ...]:
+        """The message's leading parts, each followed by where a paste stops quoting it."""
+        return tuple(re.compile(cut + _CUT_END) for cut in _cuts(self.pattern.pattern))
+
+    def nearly_matches(self, error: ErrorText) -> bool:
+        """Whether the message is retold with other quotes, or cut where the paste stops quoting it."""
+        if any(p.search(t) for p in self.near_patterns for t in (error.text, error.flat, error.uncommented)):
+            return True
+        return any(p.search(t) for p in self.cut_patterns for t in (error.flat, error.uncommented))
+
     def match(self, error: ErrorText) -> str | None:
-        """:data:`KNOWN`, :data:`POSSIBLY` (a qualifier the error does not show) or None."""
-        if not self.text_matches(error):
+        """:data:`KNOWN`, :data:`POSSIBLY` (a qualifier the error does not show, or a message
+        that is only a near fit) or None."""
+        exact = self.text_matches(error)
+        if not exact and (self.generic or not self.nearly_matches(error)):
             return None
-        sure = self.unless is None or not any(self.unless.search(t) for t in (error.text, error.flat, error.unwrapped))
+        sure = exact and (
+            self.unless is None or not any(self.unless.search(t) for t in (error.text, error.flat, error.unwrapped))
+        )
         if self.type is not None:
             if not error.types:
                 sure = False
@@ -117,6 +143,60 @@ def _frame_fit(qualifier: str, error: ErrorText) -> bool | None:
     if not frames or (file and any(file in f for f in frames)):
         return False
     return None
+
+
+# A cut message: at least this many of its words, then where the paste stops quoting it (the end of
+# the text, a closing quote, an ellipsis).
+_CUT_MIN_WORDS = 5
+_CUT_END = r"""(?=\s*(?:$|["'`‘’“”](?!\w)|\.\.\.|…))"""
+_QUOTE_MARKS = "[\"'`‘’“”]?"
+
+
+def _regex_tokens(pattern: str) -> Iterable[tuple[int, str, int]]:
+    """Each piece of a regex's source: (start, text, group depth before it); an escape, a character
+    class and a single character are one piece each."""
+    depth, i = 0, 0
+    while i < len(pattern):
+        start = i
+        if pattern[i] == "\\":
+            i += 2
+        elif pattern[i] == "[":
+            i += 1
+            i += pattern[i : i + 1] == "^"
+            i += pattern[i : i + 1] == "]"  # a "]" first is a member, not the end
+            while i < len(pattern) and pattern[i] != "]":
+                i += 2 if pattern[i] == "\\" else 1
+            i += 1
+        else:
+            i += 1
+        token = pattern[start:i]
+        yield start, token, depth
+        depth += (token == "(") - (token == ")")
+
+
+def _any_quotes(pattern: str) -> str:
+    """``pattern`` with each quote mark it asks for made any quote mark or none."""
+    return "".join(
+        _QUOTE_MARKS if token.lstrip("\\") in ("'", '"') else token for _, token, _ in _regex_tokens(pattern)
+    )
+
+
+def _cuts(pattern: str) -> list[str]:
+    """The leading parts of ``pattern`` that end before a top-level space and hold at least
+    :data:`_CUT_MIN_WORDS` words, shortest first (a message cut short by the paste)."""
+    cuts = []
+    for start, token, depth in _regex_tokens(pattern):
+        if depth or token not in (" ", "\\s", "\\ "):
+            continue
+        head = pattern[:start]
+        if len(re.findall(r"(?<!\\)\b[A-Za-z_][\w-]*", re.sub(r"\\[a-zA-Z]", " ", head))) < _CUT_MIN_WORDS:
+            continue
+        try:
+            re.compile(head)
+        except re.error:
+            continue
+        cuts.append(head)
+    return cuts
 
 
 def _fragment_regex(fragment: str) -> str:
