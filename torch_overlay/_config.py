@@ -48,6 +48,7 @@ _TOOLING = (
     "TORCH_OVERLAY_TEST_JOBS",  # pytest processes sharing one suite run (tests/_shards.py)
     "TORCH_OVERLAY_TEST_CLAIMS",  # the folder where they claim test classes and modules
     "TORCH_OVERLAY_REACH_DIR",  # compare's reach plugin: where a test's processes leave their counts
+    "TORCH_OVERLAY_TORCH_TREES",  # unpacked wheels of older torch releases, for their error wordings
 )
 KNOWN_VARIABLES = frozenset((*SWITCHES, *_TOOLING, REPORTED))
 # The switches that name a folder: read as an absolute path (a relative one is taken from the

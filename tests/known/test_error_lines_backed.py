@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -29,6 +30,10 @@ CATALOGUE = load_catalogue(REPO / "patches")
 MESSAGES = tomllib.loads((REPO / "tests" / "known" / "torch_messages.toml").read_text(encoding="utf-8"))["message"]
 TORCH_ROOT = Path(torch.__file__).resolve().parents[1]
 RELEASE = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+# Older releases' wordings are checked against unpacked wheels of those releases: a folder holding
+# <release>/torch/... for each (e.g. 2.6/torch/_functorch/aot_autograd.py), where this names one.
+TORCH_TREES = os.environ.get("TORCH_OVERLAY_TORCH_TREES")
+SUPPORTED = ("2.11", "2.12", "2.13", "2.14", "2.15")
 
 
 def _errors(text: str) -> list[ErrorText]:
@@ -84,3 +89,18 @@ def test_each_torch_message_is_explained():
     # A message kept here for a signature must also be read as an error by explain's parser.
     for message in MESSAGES:
         assert _errors(message["text"]), message["text"]
+
+
+OLDER = [(m, r) for m in MESSAGES for r in m["releases"] if r not in SUPPORTED]
+
+
+@pytest.mark.parametrize("message, release", OLDER, ids=lambda x: x if isinstance(x, str) else x["file"].rsplit("/", 1)[-1])
+def test_each_older_wording_is_in_that_release(message, release):
+    # No CI installs these releases: where TORCH_OVERLAY_TORCH_TREES names unpacked wheels, the
+    # message's pieces must be in that release's file, as written.
+    tree = Path(TORCH_TREES or "") / release
+    if not TORCH_TREES or not tree.is_dir():
+        pytest.skip(f"no unpacked torch {release} (TORCH_OVERLAY_TORCH_TREES)")
+    text = (tree / message["file"]).read_text(encoding="utf-8")
+    missing = [piece for piece in message["pieces"] if piece not in text]
+    assert not missing, f"torch {release} has no {missing} in {message['file']}"
