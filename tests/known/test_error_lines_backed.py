@@ -94,7 +94,9 @@ def test_each_torch_message_is_explained():
 OLDER = [(m, r) for m in MESSAGES for r in m["releases"] if r not in SUPPORTED]
 
 
-@pytest.mark.parametrize("message, release", OLDER, ids=lambda x: x if isinstance(x, str) else x["file"].rsplit("/", 1)[-1])
+@pytest.mark.parametrize(
+    "message, release", OLDER, ids=lambda x: x if isinstance(x, str) else x["file"].rsplit("/", 1)[-1]
+)
 def test_each_older_wording_is_in_that_release(message, release):
     # No CI installs these releases: where TORCH_OVERLAY_TORCH_TREES names unpacked wheels, the
     # message's pieces must be in that release's file, as written.
