@@ -136,7 +136,12 @@ def main(argv: list[str]) -> int:
         ("whole", posts),
     ):
         hits, known_posts, right, named, _ = _figures(chosen)
-        print(f"{part}: recall {hits} of {known_posts}, precision {right} of {named}")
+        guesses = [(post.expect, _answers(post)[1]) for post in chosen]
+        right_guesses = sum(expect in possibly for expect, possibly in guesses)
+        print(
+            f"{part}: recall {hits} of {known_posts}, precision {right} of {named}; "
+            f"possibly answers right {right_guesses} of {sum(len(possibly) for _, possibly in guesses)}"
+        )
     if "--rows" in argv:  # the posts where an answer is missing or wrong
         for post in posts:
             known, possibly = _answers(post)
