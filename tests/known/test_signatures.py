@@ -166,3 +166,44 @@ def test_a_near_fit_still_obeys_its_qualifiers():
     other = 'File "/site/torch/autograd/graph.py", line 9, in _engine_run_backward'
     text = "RuntimeError: attempting to assign a gradient with dtype BFloat16 to a tensor with grad_dtype Float"
     assert sig.match(ErrorText(text, ("RuntimeError",), (other,))) is None
+
+
+def _catalogue_signatures():
+    from pathlib import Path
+
+    from torch_overlay.known.catalogue import load_catalogue
+
+    repo = Path(__file__).resolve().parents[2]
+    return [sig for bug in load_catalogue(repo / "patches").bugs for sig in bug.signatures]
+
+
+def test_near_fits_compile_and_reach_a_bounded_length():
+    # A near fit with an unbounded repeat would scan a whole log at each place its first words occur.
+    import re
+
+    from torch_overlay.known.signatures import _regex_tokens
+
+    for sig in _catalogue_signatures():
+        for source, _ in sig.near_patterns + sig.cut_patterns:
+            re.compile(source)
+            assert not [t for _, t, _ in _regex_tokens(source) if t in ("+", "*")], (sig.source, source)
+
+
+def test_an_anchor_is_in_every_text_its_pattern_matches():
+    # The anchor lets a search skip a text (a megabytes-long log); it must never skip a match.
+    import re
+    from pathlib import Path
+
+    posts = Path(__file__).resolve().parent / "real_posts"
+    texts = [p.read_text(encoding="utf-8").partition("\n---\n")[2] for p in sorted(posts.glob("*.txt"))]
+    texts += [" ".join(t.split()) for t in texts]
+    checked = 0
+    for sig in _catalogue_signatures():
+        for pattern, anchor in [*sig.exact_patterns, *sig.near_patterns, *sig.cut_patterns]:
+            if anchor is None:
+                continue
+            for text in texts:
+                if re.search(pattern, text):
+                    assert anchor in text, (sig.source, anchor)
+                    checked += 1
+    assert checked > 100

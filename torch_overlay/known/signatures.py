@@ -51,16 +51,16 @@ class ErrorText:
     types: tuple[str, ...] = ()  # the exception types' last dotted parts, e.g. ("RuntimeError",)
     frames: tuple[str, ...] = ()  # each traceback frame as printed: 'File "...", line N, in fn'
 
-    @property
+    @cached_property
     def flat(self) -> str:
         return " ".join(self.text.split())
 
-    @property
+    @cached_property
     def unwrapped(self) -> str:
         """The text with its line breaks and their indentation removed: a message wrapped mid-word."""
         return re.sub(r"[ \t]*\n[ \t>]*", "", self.text)
 
-    @property
+    @cached_property
     def uncommented(self) -> str:
         """:attr:`flat` of the text with the comment markers that start its lines taken out: a
         message quoted in a code comment and wrapped there (``# ... another\\n# FSDP group``)."""
@@ -80,26 +80,31 @@ class Signature:
     elided: re.Pattern[str] | None = None  # the pattern with `...` allowed for each number and name
     unless: re.Pattern[str] | None = None  # `| unless=`: the error also shows another cause
 
+    @cached_property
+    def exact_patterns(self) -> tuple[tuple[re.Pattern[str], str | None], ...]:
+        """The message, and the message with numbers and names elided, each with its anchor."""
+        return tuple((p, _anchor(p.pattern)) for p in (self.pattern, self.elided) if p is not None)
+
     def text_matches(self, error: ErrorText) -> bool:
         """Whether the message matches, as pasted: wrapped anywhere, numbers and names elided."""
-        texts = (error.text, error.flat, error.unwrapped, error.uncommented)
-        return any(p.search(t) for p in (self.pattern, self.elided) if p is not None for t in texts)
+        return _search(self.exact_patterns, (error.text, error.flat, error.unwrapped, error.uncommented))
 
     @cached_property
-    def near_patterns(self) -> tuple[re.Pattern[str], ...]:
-        """The message with its quote marks made any quote mark or none."""
-        return (re.compile(_any_quotes(self.pattern.pattern)),)
+    def near_patterns(self) -> tuple[tuple[str, str | None], ...]:
+        """The message with its quote marks made any quote mark or none (compiled when searched)."""
+        near = _any_quotes(self.pattern.pattern)
+        return ((_bounded(near), _anchor(near)),)
 
     @cached_property
-    def cut_patterns(self) -> tuple[re.Pattern[str], ...]:
+    def cut_patterns(self) -> tuple[tuple[str, str | None], ...]:
         """The message's leading parts, each followed by where a paste stops quoting it."""
-        return tuple(re.compile(cut + _CUT_END) for cut in _cuts(self.pattern.pattern))
+        return tuple((_bounded(cut + _CUT_END), _anchor(cut)) for cut in _cuts(self.pattern.pattern))
 
     def nearly_matches(self, error: ErrorText) -> bool:
         """Whether the message is retold with other quotes, or cut where the paste stops quoting it."""
-        if any(p.search(t) for p in self.near_patterns for t in (error.text, error.flat, error.uncommented)):
-            return True
-        return any(p.search(t) for p in self.cut_patterns for t in (error.flat, error.uncommented))
+        return _search(self.near_patterns, (error.text, error.flat, error.uncommented)) or _search(
+            self.cut_patterns, (error.flat, error.uncommented)
+        )
 
     def match(self, error: ErrorText) -> str | None:
         """:data:`KNOWN`, :data:`POSSIBLY` (a qualifier the error does not show, or a message
@@ -128,6 +133,39 @@ class Signature:
     def matches(self, error: ErrorText) -> bool:
         """Whether the text and every qualifier match (what an exception of this process shows)."""
         return self.match(error) == KNOWN
+
+
+def _search(patterns: Iterable[tuple[re.Pattern[str] | str, str | None]], texts: tuple[str, ...]) -> bool:
+    """Whether a pattern is found in a text; a text without a pattern's anchor is not searched
+    (a whole log without an exception line is matched as one message, megabytes long), and a
+    pattern given as source is compiled only then."""
+    return any(re.search(p, t) for p, anchor in patterns for t in texts if anchor is None or anchor in t)
+
+
+# A piece of a regex's source that matches itself: an escaped punctuation mark, or a plain character.
+_LITERAL = re.compile(r"\\[^\w\s]|[\w ,:;'\"<>=!@%&/-]")
+
+
+def _anchor(pattern: str) -> str | None:
+    """The longest run of literal characters (four at least) that every match of ``pattern`` holds,
+    outside its groups; None where it has none, or a top-level alternative."""
+    runs, run = [], ""
+    tokens = list(_regex_tokens(pattern))
+    for n, (_, token, depth) in enumerate(tokens):
+        following = tokens[n + 1][1] if n + 1 < len(tokens) else ""
+        if depth == 0 and token == "|":
+            return None
+        literal = _LITERAL.fullmatch(token) is not None
+        if depth or not literal or following in ("?", "*", "+") or following.startswith("{"):
+            runs.append(run)
+            run = ""
+            if not (depth or not literal) and following == "+":
+                runs.append(token[-1])  # one of a repeated character is still there
+            continue
+        run += token[-1]
+    runs.append(run)
+    best = max(runs, key=len)
+    return best if len(best) >= 4 else None
 
 
 def _frame_fit(qualifier: str, error: ErrorText) -> bool | None:
@@ -174,6 +212,17 @@ def _regex_tokens(pattern: str) -> Iterable[tuple[int, str, int]]:
         depth += (token == "(") - (token == ")")
 
 
+# How far a near fit's repeat may reach: a placeholder whose quotes are made optional would
+# otherwise run to the end of a whole log and back at every place its first words occur.
+_NEAR_REACH = 500
+
+
+def _bounded(pattern: str) -> str:
+    """``pattern`` with each ``+`` and ``*`` repeat reaching :data:`_NEAR_REACH` characters at most."""
+    bound = {"+": f"{{1,{_NEAR_REACH}}}", "*": f"{{0,{_NEAR_REACH}}}"}
+    return "".join(bound.get(token, token) for _, token, _ in _regex_tokens(pattern))
+
+
 def _any_quotes(pattern: str) -> str:
     """``pattern`` with each quote mark it asks for made any quote mark or none."""
     return "".join(
@@ -189,13 +238,8 @@ def _cuts(pattern: str) -> list[str]:
         if depth or token not in (" ", "\\s", "\\ "):
             continue
         head = pattern[:start]
-        if len(re.findall(r"(?<!\\)\b[A-Za-z_][\w-]*", re.sub(r"\\[a-zA-Z]", " ", head))) < _CUT_MIN_WORDS:
-            continue
-        try:
-            re.compile(head)
-        except re.error:
-            continue
-        cuts.append(head)
+        if len(re.findall(r"(?<!\\)\b[A-Za-z_][\w-]*", re.sub(r"\\[a-zA-Z]", " ", head))) >= _CUT_MIN_WORDS:
+            cuts.append(head)  # cut outside every group and class: it compiles as the whole does
     return cuts
 
 
