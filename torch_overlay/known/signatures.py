@@ -155,14 +155,14 @@ def _anchor(pattern: str) -> str | None:
         following = tokens[n + 1][1] if n + 1 < len(tokens) else ""
         if depth == 0 and token == "|":
             return None
-        literal = _LITERAL.fullmatch(token) is not None
-        if depth or not literal or following in ("?", "*", "+") or following.startswith("{"):
+        if depth or _LITERAL.fullmatch(token) is None:
             runs.append(run)
             run = ""
-            if not (depth or not literal) and following == "+":
-                runs.append(token[-1])  # one of a repeated character is still there
-            continue
-        run += token[-1]
+        elif following in ("?", "*", "+") or following.startswith("{"):
+            runs.append(run)  # a repeated character (none at all, with ? or *) ends the run
+            run = ""
+        else:
+            run += token[-1]
     runs.append(run)
     best = max(runs, key=len)
     return best if len(best) >= 4 else None
