@@ -292,11 +292,13 @@ def test_a_bug_is_in_the_parts_its_title_names_not_in_where_it_was_met():
     def named(text: str) -> list[tuple[str, str]]:
         return [(m.bug.id, m.confidence) for ex in explain_log(text, catalogue, "2.13.0", env={}) for m in ex.matches]
 
-    # The message quoted without frames, with a foreach op or without an op (clipping and the
-    # optimizer both run foreach ops): a guess at each, FSDP named or not.
+    # The message quoted without frames, with a foreach op both run or without an op: a guess at
+    # each, FSDP named or not; with an op only one of them runs (the norm), a guess at that one.
     both = [("clip-grad-norm-mixed-meshes", "possibly"), ("optimizer-foreach-mixed-dtensor", "possibly")]
-    quoted = "clip_grad_norm_ fails: `RuntimeError: aten._foreach_norm.Scalar: got mixed torch.Tensor and DTensor`\n"
+    quoted = "clip_grad_norm_ fails: `RuntimeError: aten._foreach_mul_.Scalar: got mixed torch.Tensor and DTensor`\n"
     assert sorted(named(quoted)) == both
+    norm = quoted.replace("_foreach_mul_", "_foreach_norm")
+    assert sorted(named(norm)) == [("clip-grad-norm-mixed-meshes", "possibly")]
     assert sorted(named("RuntimeError: got mixed torch.Tensor and DTensor during gradient clipping\n")) == both
 
 

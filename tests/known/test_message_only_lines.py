@@ -38,14 +38,6 @@ WHY_SURE = {
         "inductor-unbacked-split-scatter",
         r"re:shape error in scatter op, can not broadcast torch\.Size\(\[[^\]]*u\d+",
     ): "an unbacked size in inductor's scatter reinplacing: only the split lowering's unbacked sizes seen there",
-    (
-        "aot-act-input-unwrap",
-        r"re:guessed its metadata incorrectly\. Expected metadata: .* expected type: "
-        r"<class 'torch\.distributed\._functional_collectives\.AsyncCollectiveTensor'>",
-    ): "raised by AOTAutograd's tangent check (runtime_wrappers), which the fix changes, for an AsyncCollectiveTensor",
-    ("aot-act-input-unwrap", r"re:Expected a AsyncCollectiveTensor tangent but got a plain Tensor"): (
-        "the same check, newer wording"
-    ),
     ("dtensor-strided-shard-view-compile", r"re:Pending unbacked symbols \{u\d+(, u\d+){7,}"): (
         "eight or more pending unbacked symbols: the _StridedShard view's local sizes; other pending-symbol "
         "errors in the corpus have one to four"
@@ -65,7 +57,12 @@ WHY_SURE = {
         "aot-unused-subclass-output-zero-tangent",
         r"re:guessed its metadata incorrectly\. Expected metadata: .* expected type: "
         r"<class 'torch\.distributed\.tensor\.(_api\.)?DTensor'> Runtime metadata: None, runtime type: <class 'torch\.Tensor'>",
-    ): "raised by AOTAutograd's tangent check (runtime_wrappers), which the fix changes, for a missing DTensor tangent",
+    ): (
+        "AOTAutograd's tangent check (runtime_wrappers) given a plain tensor where the graph returned a DTensor, "
+        "with no runtime metadata: the zero gradient autograd makes for an output the loss does not use, the cause "
+        "torch's own message gives (2.12+: 'backward() is only called on some of them'), which the fix replaces "
+        "before the check"
+    ),
     ("aot-unused-subclass-output-zero-tangent", r"re:Expected a DTensor tangent but got a plain Tensor"): (
         "the same check, newer wording"
     ),

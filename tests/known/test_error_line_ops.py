@@ -1,0 +1,74 @@
+"""``Error:`` lines that name the ops of one torch code path name every op that path runs.
+
+A *got mixed torch.Tensor and DTensor* error names the op that met the mixed lists, and several
+code paths print it: an optimizer's foreach or fused step (``optimizer-foreach-mixed-dtensor``),
+``clip_grad_norm_`` (``clip-grad-norm-mixed-meshes``), user code. Each fix's line lists the ops of
+its own path, read from torch's code, so that another path's op is not taken for it (an
+optimizer never runs ``_foreach_norm``). These tests read the installed torch's code: an op that a
+release adds to the path and the line lacks fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import torch
+
+from torch_overlay.known.catalogue import load_catalogue
+
+REPO = Path(__file__).resolve().parents[2]
+CATALOGUE = load_catalogue(REPO / "patches")
+TORCH = Path(torch.__file__).resolve().parent
+
+
+def _got_mixed_patterns(bug_id: str) -> list[re.Pattern[str]]:
+    (bug,) = [b for b in CATALOGUE.bugs if b.id == bug_id]
+    sources = [s.source.split(" | ")[0] for s in bug.signatures if "got mixed" in s.source and "_foreach_" in s.source]
+    assert sources, f"{bug_id} has no got-mixed line that names ops"
+    return [re.compile(s.removeprefix("re:")) for s in sources]
+
+
+def _named(patterns: list[re.Pattern[str]], op: str) -> bool:
+    text = f"RuntimeError: aten.{op}.default: got mixed torch.Tensor and DTensor, need to convert all"
+    return any(p.search(text) for p in patterns)
+
+
+def _aten_ops_called(source: str, function_names: set[str] | None = None) -> set[str]:
+    """The ``torch.<op>`` and ``torch._foreach_<op>`` names used in ``source`` (or in its named functions)."""
+    tree = ast.parse(source)
+    if function_names is not None:
+        nodes: list[ast.AST] = [
+            n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in function_names
+        ]
+    else:
+        nodes = [tree]
+    ops = set()
+    for node in nodes:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "torch":
+                if sub.attr.startswith(("_foreach_", "_fused_")) and hasattr(torch.ops.aten, sub.attr):
+                    ops.add(sub.attr)
+    return ops
+
+
+def test_optimizer_line_names_every_foreach_and_fused_op_of_torch_optim():
+    ops = set()
+    for path in sorted((TORCH / "optim").glob("*.py")):
+        ops |= _aten_ops_called(path.read_text(encoding="utf-8"))
+    assert len(ops) >= 10, ops
+    patterns = _got_mixed_patterns("optimizer-foreach-mixed-dtensor")
+    assert not sorted(op for op in ops if not _named(patterns, op)), "ops of torch/optim that the line lacks"
+    # The norm is clip_grad_norm_'s op, not an optimizer's.
+    assert "_foreach_norm" not in ops and not _named(patterns, "_foreach_norm")
+
+
+def test_clip_grad_line_names_every_foreach_op_of_clip_grad_norm():
+    source = (TORCH / "nn" / "utils" / "clip_grad.py").read_text(encoding="utf-8")
+    ops = _aten_ops_called(source, {"_get_total_norm", "_clip_grads_with_norm_"})
+    assert {"_foreach_norm", "_foreach_mul_"} <= ops, ops
+    patterns = _got_mixed_patterns("clip-grad-norm-mixed-meshes")
+    assert not sorted(op for op in ops if not _named(patterns, op))
+    # The optimizer's ops are not clip_grad_norm_'s.
+    assert not _named(patterns, "_foreach_add_") and not _named(patterns, "_foreach_lerp_")
