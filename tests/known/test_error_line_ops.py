@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_overlay.known.catalogue import load_catalogue
 
@@ -72,3 +73,31 @@ def test_clip_grad_line_names_every_foreach_op_of_clip_grad_norm():
     assert not sorted(op for op in ops if not _named(patterns, op))
     # The optimizer's ops are not clip_grad_norm_'s.
     assert not _named(patterns, "_foreach_add_") and not _named(patterns, "_foreach_lerp_")
+
+
+class _OpLog(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.ops.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_clip_grad_line_names_only_ops_clip_grad_norm_runs():
+    # What clip_grad_norm_ dispatches, foreach or not, for a finite and the infinite norm: an op the
+    # line names that it never runs (a guessed `div`) would take model code's error for its bug.
+    ran: set[str] = set()
+    for foreach in (True, False):
+        for norm_type in (2.0, float("inf")):
+            params = [torch.nn.Parameter(torch.randn(4, 4)) for _ in range(3)]
+            for param in params:
+                param.grad = torch.randn(4, 4) * 10
+            with _OpLog() as log:
+                torch.nn.utils.clip_grad_norm_(params, 1.0, norm_type=norm_type, foreach=foreach)
+            ran |= log.ops
+    (pattern,) = _got_mixed_patterns("clip-grad-norm-mixed-meshes")
+    alternatives = re.search(r"aten\\\.\((.*?)\)", pattern.pattern).group(1).split("|")
+    named = {a.rstrip("?") for a in alternatives} | {a[:-2] for a in alternatives if a.endswith("_?")}
+    assert named - ran == set(), f"ops the line names that clip_grad_norm_ does not run: {sorted(named - ran)}"
