@@ -24,6 +24,10 @@ class TestDistNnBroadcastSubgroupGrad(MultiProcessTestCase):
     def test_broadcast_subgroup_source_grad(self) -> None:
         store = c10d.FileStore(self.file_name, self.world_size)
         c10d.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
+        # Rank 0 takes no part after this: without a collective on the default
+        # group it could exit while rank 1 is still connecting its gloo pairs
+        # ("Connection closed by peer" in connectFullMesh)
+        c10d.barrier()
         # Global rank 1 is rank 0 of this subgroup: the source's global rank
         # and its rank within the group differ
         subgroup = c10d.new_group([1])
