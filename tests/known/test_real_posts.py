@@ -98,7 +98,9 @@ def _figures(posts: list[Post]) -> tuple[int, int, int, int, str]:
 
 
 def _interval(k: int, n: int) -> str:
-    """The 95% Wilson score interval of k successes in n, in whole percent ("64–89%")."""
+    """The 95% Wilson score interval of k successes in n, in whole percent ("64–89%"); "-" for n = 0."""
+    if n == 0:
+        return "-"
     z = 1.959964
     centre = (k + z * z / 2) / (n + z * z)
     half = z * (k * (n - k) / n + z * z / 4) ** 0.5 / (n + z * z)
@@ -151,7 +153,7 @@ def main(argv: list[str]) -> int:
         right_guesses = sum(expect in possibly for expect, possibly in guesses)
         print(
             f"{part}: recall {hits} of {known_posts} ({_interval(hits, known_posts)}), "
-            f"precision {right} of {named} ({_interval(right, named) if named else '-'}); "
+            f"precision {right} of {named} ({_interval(right, named)}); "
             f"possibly answers right {right_guesses} of {sum(len(possibly) for _, possibly in guesses)}"
         )
     if "--rows" in argv:  # the posts where an answer is missing or wrong
