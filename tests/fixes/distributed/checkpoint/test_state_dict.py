@@ -168,8 +168,12 @@ class _ModelWithUnusedGate(nn.Module):
         self.proj = nn.Linear(4, 4, device=device)
         self.gate = nn.Linear(4, 2, device=device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x)
+    def forward(self, x: torch.Tensor, use_gate: bool = False) -> torch.Tensor:
+        out = self.proj(x)
+        if use_gate:
+            # A batch that takes the branch: from here on ``gate`` gets gradients.
+            out = out + self.gate(x).sum(dim=-1, keepdim=True)
+        return out
 
 
 class TestDsdOptimStateParamsWithoutGrad(TestCase):
@@ -216,17 +220,15 @@ class TestDsdOptimStateParamsWithoutGrad(TestCase):
         options = StateDictOptions(flatten_optimizer_state_dict=flatten)
         model, optim = self._model_and_optim(device)
         self._train(model, optim)
-        dcp.save(
-            {"optim": get_optimizer_state_dict(model, optim, options=options)},
-            checkpoint_id=self.temp_dir,
-        )
+        saved_osd = get_optimizer_state_dict(model, optim, options=options)
+        dcp.save({"optim": saved_osd}, checkpoint_id=self.temp_dir)
 
         new_model, new_optim = self._model_and_optim(device)
         osd = get_optimizer_state_dict(new_model, new_optim, options=options)
         dcp.load({"optim": osd}, checkpoint_id=self.temp_dir)
         set_optimizer_state_dict(new_model, new_optim, osd, options=options)
 
-        self.assertEqual(new_optim.state_dict(), optim.state_dict())
+        self.assertEqual(get_optimizer_state_dict(new_model, new_optim, options=options), saved_osd)
 
     @parametrize("flatten", [False, True])
     def test_set_state_dict_into_fresh_optimizer(self, device, flatten):
@@ -238,17 +240,34 @@ class TestDsdOptimStateParamsWithoutGrad(TestCase):
         osd = copy.deepcopy(get_optimizer_state_dict(model, optim, options=options))
 
         new_model, new_optim = self._model_and_optim(device)
-        set_optimizer_state_dict(new_model, new_optim, osd, options=options)
+        set_optimizer_state_dict(new_model, new_optim, copy.deepcopy(osd), options=options)
 
-        self.assertEqual(new_optim.state_dict(), optim.state_dict())
+        self.assertEqual(get_optimizer_state_dict(new_model, new_optim, options=options), osd)
         for param in new_model.parameters():
             self.assertIsNone(param.grad)
+
+
+# Optimizers to take a state dict from in the middle of training, by their
+# constructors: Adam in each implementation, and two whose state primed by a
+# zero-gradient step differs from a new one in more than ``step`` (SGD's
+# dampened momentum buffer, NAdam's ``mu_product``).
+_OPTIMIZERS = {
+    "Adam": lambda params: torch.optim.Adam(params, lr=0.1),
+    "AdamW_for_loop": lambda params: torch.optim.AdamW(params, lr=0.1, foreach=False),
+    "AdamW_foreach": lambda params: torch.optim.AdamW(params, lr=0.1, foreach=True),
+    "AdamW_fused": lambda params: torch.optim.AdamW(params, lr=0.1, fused=True),
+    "SGD_momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, dampening=0.5),
+    "NAdam": lambda params: torch.optim.NAdam(params, lr=0.1),
+}
 
 
 class TestDsdOptimStateParamsWithoutGradGuard(TestCase):
     """A frozen parameter never trained has no optimizer state, and needs none:
     it gets none when the state is initialized, and a checkpoint without it loads
-    in strict mode."""
+    in strict mode. Taking a state dict while a trainable parameter has no state
+    yet (a checkpoint saved before a branch is first taken) leaves the training
+    as it is: the parameter's first update is the one of a run that saved no
+    checkpoint."""
 
     def _model_and_optim(self, device: str) -> tuple[nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(0)
@@ -283,6 +302,28 @@ class TestDsdOptimStateParamsWithoutGradGuard(TestCase):
             self.assertEqual(new_optim.state_dict(), optim.state_dict())
             for param in new_model.gate.parameters():
                 self.assertNotIn(param, new_optim.state)
+
+    def _run(self, device: str, optim_name: str, save_at: int | None) -> tuple[dict, dict]:
+        torch.manual_seed(0)
+        model = _ModelWithUnusedGate(device)
+        optim = _OPTIMIZERS[optim_name](model.parameters())
+        for step in range(5):
+            if step == save_at:
+                get_optimizer_state_dict(model, optim)
+                for param in model.gate.parameters():
+                    self.assertNotIn(param, optim.state)
+            x = torch.randn(2, 4, device=device)
+            model(x, use_gate=step >= 3).sum().backward()
+            optim.step()
+            optim.zero_grad()
+        return copy.deepcopy(model.state_dict()), copy.deepcopy(optim.state_dict())
+
+    @parametrize("optim_name", list(_OPTIMIZERS))
+    def test_state_dict_before_first_grad(self, device, optim_name):
+        params, osd = self._run(device, optim_name, save_at=None)
+        saved_params, saved_osd = self._run(device, optim_name, save_at=2)
+        self.assertEqual(saved_params, params, atol=0, rtol=0)
+        self.assertEqual(saved_osd, osd, atol=0, rtol=0)
 
 
 instantiate_device_type_tests(TestDsdInitOptimStateGradDtype, globals())
