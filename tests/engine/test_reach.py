@@ -115,6 +115,25 @@ def test_counts_swapped_functions_of_a_module_imported_first(module, config, ove
         assert counted_key(mod.helper.__code__) is None and counted_key(mod.Widget.other.__code__) is None
 
 
+@pytest.mark.parametrize("counter", ["compiled", "profile or monitoring"])
+def test_runs_made_while_a_module_is_imported_are_not_counted(module, sandbox, config, overlays, stop_reach, counter):
+    # A registration or a table built at import runs in every process that imports the module: not a use.
+    if counter == "compiled":
+        overlay = _started(overlays, config, stop_reach)
+        mod = importlib.import_module(module)
+    else:  # started after the code was compiled: no counter in it
+        overlay = overlays(config())
+        overlay.activate()
+        mod = importlib.import_module(module)
+        stop_reach(overlay)
+        start(overlay)
+    user, _ = sandbox.module(f"import {module}\n\nAT_IMPORT = {module}.helper()\n")
+    assert importlib.import_module(user).AT_IMPORT == 42
+    assert _report(overlay)["fix-a"] == (0, "")
+    mod.helper()
+    assert _report(overlay)["fix-a"] == (1, "")
+
+
 def test_started_later_watches_what_already_applied(module, config, overlays, stop_reach):
     overlay = overlays(config())
     overlay.activate()

@@ -274,3 +274,56 @@ def test_json_holds_the_comparison_and_reach_is_counted_in_a_run_of_its_own(
     if "dtensor-new-factory-shard-partial" not in data["reach"]:
         pytest.skip("dtensor-new-factory-shard-partial does not apply to this torch")
     assert data["reach"]["dtensor-new-factory-shard-partial"] == 2
+
+
+# Ranks that persist across a class's tests (torch's MultiProcContinuousTest): only the middle test runs
+# the DTensor op whose strategy dtensor-new-factory-shard-partial changes, in both ranks.
+_PERSISTENT_RANKS = """
+import torch
+from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+from torch.testing._internal.common_distributed import MultiProcContinuousTest
+from torch.testing._internal.common_utils import run_tests
+
+
+class PersistentRanksTest(MultiProcContinuousTest):
+    world_size = 2
+
+    @classmethod
+    def backend_str(cls) -> str:
+        return "gloo"
+
+    @classmethod
+    def device_type(cls) -> str:
+        return "cpu"
+
+    def test_a_plain(self):
+        assert (torch.ones(2) + 1).sum() == 4
+
+    def test_b_dtensor_new_ones(self):
+        x = distribute_tensor(torch.ones(4, 4), init_device_mesh("cpu", (2,)), [Shard(0)])
+        assert x.new_ones((4, 4)).ndim == 2
+
+    def test_c_plain(self):
+        assert (torch.ones(2) * 2).sum() == 4
+
+
+if __name__ == "__main__":
+    run_tests()
+"""
+
+
+def test_reach_of_ranks_that_persist_across_tests_goes_to_the_test_they_ran(tmp_path: Path) -> None:
+    # Each rank dumps its counts after each test it runs, named by the test (engine/reach_ranks.py);
+    # written only at exit, they came after the plugin had read the first test's folder: reach 0.
+    path = tmp_path / "test_persistent_ranks.py"
+    path.write_text(_PERSISTENT_RANKS, encoding="utf-8")
+    result = tmp_path / "result.json"
+    out = io.StringIO()
+    assert run_compare(path, out=out, json_out=result, timeout=600) == 0, out.getvalue()
+    data = json.loads(result.read_text(encoding="utf-8"))
+    assert data["without"] == data["with"] and data["with"]["pass"] == 3, out.getvalue()
+    if "dtensor-new-factory-shard-partial" not in data["reach"]:
+        pytest.skip("dtensor-new-factory-shard-partial does not apply to this torch")
+    assert data["reach"]["dtensor-new-factory-shard-partial"] == 1, out.getvalue()
+    # What each rank calls while it imports torch and the test module is not counted.
+    assert set(data["reach"].values()) <= {0, 1}, data["reach"]

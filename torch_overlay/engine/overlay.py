@@ -267,9 +267,13 @@ class Overlay:
 
     def count_reach(self) -> None:
         """Count how often each applied fix's changed functions run from now on (:mod:`.reach`)."""
-        from .reach import Reach
+        from .reach import DUMP_DIR, Reach
 
         self.reach = Reach(self._roster.made).watch_live(self._roster.components)
+        if os.environ.get(DUMP_DIR):  # a process compare's reach plugin started for a test
+            from .reach_ranks import install
+
+            install(self.reach, self.on_import)
 
     # ---------------------------------------------------------------- revert
     def revert(self) -> list[str]:

@@ -9,7 +9,7 @@ changed function (engine/reach_counter.py), so only those functions pay. Code co
 profile function (``sys.setprofile``, ``threading.setprofile``, installed when such code is first
 watched), called for every Python and C call of the threads Python starts, which returns at once
 unless the frame's code is watched; C++ threads that run Python (autograd's device threads) are not
-seen by it.
+seen by it. A run made while an import executes a module's code is not counted (``made_by_import``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
+
+from .reach_counter import made_by_import
 
 if TYPE_CHECKING:
     from .components import Component, Entry
@@ -53,6 +55,10 @@ class Reach:
         self._frozen: dict[str, int] | None = None  # the counters' runs when stopped
         self._lock = threading.Lock()
         self._backend: _Profile | _Monitoring | None = None
+        # Under compare's reach plugin, a rank that runs test after test (engine/reach_ranks.py): the
+        # counts at its last dump, and the test that dump was for.
+        self._dumped: dict[str, int] = {}
+        self._test: str | None = None
         # A forked child counts its own runs (its dump would repeat the parent's otherwise).
         os.register_at_fork(after_in_child=self._forget_runs)
         atexit.register(self._dump)
@@ -61,6 +67,7 @@ class Reach:
         for key in self._calls:
             self._calls[key] = 0
         self._since.update(self._runs())
+        self._dumped, self._test = {}, None
 
     def _runs(self) -> dict[str, int]:
         """The watched counters' runs (of counted code) so far."""
@@ -148,10 +155,19 @@ class Reach:
         ]
 
     def _dump(self) -> None:
-        """At exit, under compare's reach plugin: this process's counts, for the test that started it."""
-        folder = os.environ.get("TORCH_OVERLAY_REACH_DIR")  # DUMP_DIR
-        if folder:
-            dump(self.counts(), folder)
+        """At exit, under compare's reach plugin: this process's counts, for the test that started it
+        (or, after :meth:`dump_test`, those since, for the last test it ran)."""
+        self.dump_test(self._test)
+
+    def dump_test(self, test: str | None) -> None:
+        """Under compare's reach plugin: this process's counts since its last dump, for ``test`` (a
+        unittest id, ``module.Class.method``; None: the test that started the process)."""
+        folder = os.environ.get(DUMP_DIR)
+        if not folder:
+            return
+        counts = self.counts()
+        since, self._dumped, self._test = self._dumped, counts, test
+        dump({fix: n - since.get(fix, 0) for fix, n in counts.items()}, folder, test)
 
     def watched(self) -> set[str]:
         """The fixes with at least one watched code object."""
@@ -189,30 +205,34 @@ class Reach:
         return runs[counter]
 
 
-def dump(counts: dict[str, int], folder: str) -> None:
-    """Write ``counts`` (those run) into ``folder`` as this process's file, whole or not at all."""
+def dump(counts: dict[str, int], folder: str, test: str | None = None) -> None:
+    """Write ``counts`` (those run) for ``test`` into ``folder`` as a file of its own, whole or not at all."""
     import json
 
     ran = {fix: n for fix, n in counts.items() if n}
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{os.getpid()}-", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
-            json.dump(ran, f)
-        os.replace(tmp, os.path.join(folder, f"{os.getpid()}.json"))
+            json.dump({"test": test, "counts": ran}, f)
+        os.replace(tmp, tmp.removesuffix(".tmp") + ".json")
     except OSError:  # at exit, the test that made the folder may be gone: nothing to tell it
         pass
 
 
-def read_dumps(folder: Path) -> dict[str, int]:
-    """The counts the processes that ended wrote into ``folder``, added up."""
+def read_dumps(folder: Path, read: set[Path]) -> list[tuple[str | None, dict[str, int]]]:
+    """The dumps in ``folder`` not in ``read`` (which gets them), each as (its test, its counts)."""
     import json
 
-    out: dict[str, int] = {}
-    for path in folder.glob("*.json"):
+    out: list[tuple[str | None, dict[str, int]]] = []
+    for path in sorted(folder.glob("*.json")):
+        if path in read:
+            continue
+        read.add(path)
         try:
-            for fix, n in json.loads(path.read_text()).items():
-                out[fix] = out.get(fix, 0) + int(n)
-        except (OSError, ValueError, AttributeError):
+            data = json.loads(path.read_text())
+            test = data["test"]
+            out.append((test if isinstance(test, str) else None, {fix: int(n) for fix, n in data["counts"].items()}))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     return out
 
@@ -234,7 +254,7 @@ class _Profile:
             # Every call and return of the thread comes here: as little as possible before leaving.
             if event == "call":
                 key = id(frame.f_code)
-                if key in calls:
+                if key in calls and not made_by_import(frame):
                     calls[key] += 1
 
         self._hook = on_event
@@ -265,7 +285,7 @@ class _Monitoring:
 
         def on_start(code: types.CodeType, offset: int) -> None:
             key = id(code)
-            if key in calls:
+            if key in calls and not made_by_import(sys._getframe(1)):
                 calls[key] += 1
 
         if self._tool is not None:

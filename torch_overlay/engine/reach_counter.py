@@ -23,7 +23,7 @@ import sys
 import types
 from collections.abc import Iterable
 
-__all__ = ["RUNS", "COMPILING", "counted_key", "count_runs", "install", "runs"]
+__all__ = ["RUNS", "COMPILING", "counted_key", "count_runs", "install", "made_by_import", "runs"]
 
 RUNS = "__torch_overlay_runs__"
 COMPILING = "__torch_overlay_compiling__"
@@ -32,10 +32,26 @@ _PREFIX = "torch_overlay reach:"
 
 
 class _Runs(dict[str, int]):
-    """Key -> runs; a key not counted yet reads 0 (code loaded from the cache names its keys itself)."""
+    """Key -> runs; a key not counted yet reads 0 (code loaded from the cache names its keys itself).
+    The counting statement's store is dropped while an import runs the function (:func:`made_by_import`)."""
 
     def __missing__(self, key: str) -> int:
         return 0
+
+    def __setitem__(self, key: str, value: int) -> None:
+        if not made_by_import(sys._getframe(1)):
+            super().__setitem__(key, value)
+
+
+def made_by_import(frame: types.FrameType | None) -> bool:
+    """Whether ``frame`` or a frame that called it is importlib's: a call made while a module's code
+    runs (a registration, a decorator, a table built at import) is a definition's, not a use of the
+    fix's code, and it runs in every process that imports the module, whatever it then does."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib."):
+            return True
+        frame = frame.f_back
+    return False
 
 
 runs: dict[str, int] = _Runs()

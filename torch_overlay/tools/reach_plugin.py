@@ -3,7 +3,10 @@
 Loaded with ``-p torch_overlay.tools.reach_plugin --overlay-reach=FILE`` under
 ``TORCH_OVERLAY_REACH=1``. Around each test it reads the overlay's reach counters (engine/reach.py)
 before and after; a test's ranks and other Python children write their counters at exit into a
-folder of the test's own (``TORCH_OVERLAY_REACH_DIR``), read after the test. FILE gets, as JSON,
+folder of the test's own (``TORCH_OVERLAY_REACH_DIR``), read after the test. Ranks that outlive the
+test that started them (``MultiProcContinuousTest``: a class's ranks run all its tests) write theirs
+after each test they run, named by the test, into that first test's folder (engine/reach_ranks.py):
+a folder that got such a dump is read again after each later test. FILE gets, as JSON,
 per applied fix the tests that ran at least one of its changed functions.
 """
 
@@ -34,11 +37,17 @@ class _Recorder:
         self.calls: dict[str, int] = {}
         self.ran = 0
         self._folder = Path(tempfile.mkdtemp(prefix="torch_overlay-reach-"))
+        self._folders: dict[Path, str] = {}  # the folders of persistent ranks -> the test that made each
+        self._read: set[Path] = set()  # the dumps read
+        self._by_unittest_id: dict[str, str] = {}  # "Class.method" -> node id, of the tests run
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, None]:
         children = self._folder / str(self.ran)
         children.mkdir()
+        cls = getattr(item, "cls", None)
+        if cls is not None:
+            self._by_unittest_id[f"{cls.__name__}.{item.name}"] = item.nodeid
         before = _counts()
         os.environ[DUMP_DIR] = str(children)
         try:
@@ -47,12 +56,22 @@ class _Recorder:
             os.environ.pop(DUMP_DIR, None)
         self.ran += 1
         after = _counts()
-        ran = {fix: after[fix] - before.get(fix, 0) for fix in after}
-        for fix, n in read_dumps(children).items():
-            ran[fix] = ran.get(fix, 0) + n
+        self._add(item.nodeid, {fix: after[fix] - before.get(fix, 0) for fix in after})
+        self._folders[children] = item.nodeid
+        for folder, nodeid in list(self._folders.items()):
+            named = False
+            for test, counts in read_dumps(folder, self._read):
+                # A dump named by a test: a rank that ran it, which may have started in an earlier test.
+                named = named or test is not None
+                unittest_id = ".".join((test or "").split(".")[-2:])
+                self._add(self._by_unittest_id.get(unittest_id, nodeid), counts)
+            if folder == children and not named:
+                del self._folders[folder]  # this test's processes have ended: none will dump later
+
+    def _add(self, nodeid: str, ran: dict[str, int]) -> None:
         for fix, n in ran.items():
             if n > 0:
-                self.tests.setdefault(fix, set()).add(item.nodeid)
+                self.tests.setdefault(fix, set()).add(nodeid)
                 self.calls[fix] = self.calls.get(fix, 0) + n
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
