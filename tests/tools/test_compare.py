@@ -271,6 +271,7 @@ def test_json_holds_the_comparison_and_reach_is_counted_in_a_run_of_its_own(
     assert data["without"] == data["with"] and sum(data["with"].values()) == 3
     assert data["differences"] == [] and data["slowdowns"] == []
     assert data["time_ratio"] is None or data["time_ratio"] > 0
+    assert isinstance(data["uncounted"], list) and not set(data["uncounted"]) & set(data["reach"])
     if "dtensor-new-factory-shard-partial" not in data["reach"]:
         pytest.skip("dtensor-new-factory-shard-partial does not apply to this torch")
     assert data["reach"]["dtensor-new-factory-shard-partial"] == 2

@@ -216,3 +216,17 @@ def test_a_rerun_keeps_what_re_measuring_a_test_flagged_again_found(tmp_path, mo
     first, second = rerun["slowdowns"]
     assert (first["with"], first["cpu"], first["why"]) == (3.0, kept["cpu"], kept["why"])
     assert "why" not in second and "cpu" not in second
+
+
+def test_a_fix_a_run_applied_without_counting_is_not_countable_not_unreached():
+    patches = read_series(REPO / "patches")
+    record = load_record(REPO / RECORD)
+    fixes = [p for p in patches if p.main is not None]
+    table_only, reached = fixes[0], fixes[1]
+    run = {"upstream": "test/a_test.py", "torch": "2.11.0", "commit": "0" * 40, "without": {}, "with": {}}
+    record["run"] = [{**run, "reach": {reached.id: 2}, "uncounted": [table_only.id]}]
+    page = render(record, patches)
+    assert f"| `{table_only.id}` | not countable (definitions only) |" in page
+    assert f"| `{reached.id}` | 2 (`a_test.py` on 2.11.0) |" in page
+    assert f"Fixes no recorded upstream test reached: {len(fixes) - 2}." in page
+    assert "Fixes applied in a recorded run but not countable: 1." in page

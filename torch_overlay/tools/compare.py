@@ -180,7 +180,8 @@ def _write_json(
     reach: dict | None,
 ) -> None:
     """The comparison as data: outcome counts, changed outcomes, the time ratio over the tests that pass
-    both ways (total with / total without), slowdowns, and per fix how many tests reached it."""
+    both ways (total with / total without), slowdowns, per fix how many tests reached it, and the fixes
+    applied whose reach cannot be counted."""
     total = sum(t_without.values())
     result = {
         "without": counts["without"],
@@ -193,6 +194,8 @@ def _write_json(
         "reach": None
         if reach is None
         else {f: r["tests"] for f, r in reach["fixes"].items() if r["calls"] is not None},
+        # Applied, but changing definitions only (a table, a registration at import): reach cannot count them.
+        "uncounted": None if reach is None else sorted(f for f, r in reach["fixes"].items() if r["calls"] is None),
     }
     path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 

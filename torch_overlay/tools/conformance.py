@@ -234,9 +234,13 @@ def _slowdowns(record: dict) -> list[str]:
 
 def _reach_per_fix(record: dict, patches: list[Patch]) -> list[str]:
     """Per fix: the most tests of one recorded run that reached its changed functions, and where; a fix
-    that no run reached has its own tests as the only evidence (its ``Quick-Test``, named)."""
+    that no run reached has its own tests as the only evidence (its ``Quick-Test``, named). A fix that
+    runs applied but uncounted (``uncounted``: it changes definitions only, a table or a registration
+    run at import, which reach cannot watch) and that none reached is told apart: not countable."""
     best: dict[str, tuple[int, str]] = {}
+    uncounted: set[str] = set()
     for run in record["run"]:
+        uncounted.update(run.get("uncounted") or ())
         for fix, tests in (run.get("reach") or {}).items():
             if tests and tests > best.get(fix, (0, ""))[0]:
                 best[fix] = (tests, f"`{Path(run['upstream']).name}` on {run['torch']}")
@@ -248,17 +252,24 @@ def _reach_per_fix(record: dict, patches: list[Patch]) -> list[str]:
         "| fix | upstream tests that reached it | its own test |",
         "| --- | --- | --- |",
     ]
-    unreached = 0
+    unreached = not_countable = 0
     for patch in patches:
         if patch.main is None:
             continue
         tests, where = best.get(patch.id, (0, ""))
-        unreached += not tests
+        countable = tests or patch.id not in uncounted
+        unreached += not tests and countable
+        not_countable += not countable
+        reached = f"{tests} ({where})" if tests else "none yet" if countable else "not countable (definitions only)"
         own = patch.main.fields.get("Quick-Test", "").strip()
-        lines.append(
-            f"| `{patch.id}` | {f'{tests} ({where})' if tests else 'none yet'} | {f'`{own}`' if own else '—'} |"
-        )
+        lines.append(f"| `{patch.id}` | {reached} | {f'`{own}`' if own else '—'} |")
     lines += ["", f"Fixes no recorded upstream test reached: {unreached}."]
+    if not_countable:
+        lines += [
+            "",
+            f"Fixes applied in a recorded run but not countable: {not_countable}. They change definitions only (a"
+            " table entry, a registration run at import), and reach counts the runs of changed functions.",
+        ]
     return lines
 
 
