@@ -230,3 +230,23 @@ def test_a_fix_a_run_applied_without_counting_is_not_countable_not_unreached():
     assert f"| `{reached.id}` | 2 (`a_test.py` on 2.11.0) |" in page
     assert f"Fixes no recorded upstream test reached: {len(fixes) - 2}." in page
     assert "Fixes applied in a recorded run but not countable: 1." in page
+
+
+def test_reach_counted_at_import_before_the_fix_date_is_left_out_of_the_per_fix_table(tmp_path):
+    patches = read_series(REPO / "patches")
+    record = load_record(REPO / RECORD)
+    fix = next(p for p in patches if p.main is not None)
+    record["reach_at_import"] = {"until": "2026-12-04", "fixes": [fix.id]}
+    run = {"upstream": "test/a_test.py", "torch": "2.11.0", "commit": "0" * 40, "without": {}, "with": {}}
+    record["run"] = [{**run, "measured": "2026-12-02", "reach": {fix.id: 9}}]
+    page = render(record, patches)
+    assert f"| `{fix.id}` | none yet |" in page and f"`{fix.id}` 9" in page  # the Runs table keeps it
+    assert "Runs measured before 2026-12-04 counted the runs" in page
+    record["run"].append({**run, "upstream": "test/b_test.py", "measured": "2026-12-04", "reach": {fix.id: 2}})
+    assert f"| `{fix.id}` | 2 (`b_test.py` on 2.11.0) |" in render(record, patches)
+    # and the record keeps the table when it is written back
+    path = tmp_path / "conformance.toml"
+    path.write_text((REPO / RECORD).read_text(encoding="utf-8"), encoding="utf-8")
+    _write_record(path, record)
+    assert load_record(path)["reach_at_import"] == record["reach_at_import"]
+

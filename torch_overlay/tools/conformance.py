@@ -232,6 +232,13 @@ def _slowdowns(record: dict) -> list[str]:
     return lines
 
 
+def _counted_at_import(record: dict, run: dict, fix: str) -> bool:
+    """Whether ``run``'s reach of ``fix`` includes runs made at import (``reach_at_import``: the fixes whose
+    changed functions run while torch's modules are imported, and the date compare stopped counting those)."""
+    at_import = record.get("reach_at_import") or {}
+    return fix in at_import.get("fixes", ()) and str(run.get("measured", "")) < at_import.get("until", "")
+
+
 def _reach_per_fix(record: dict, patches: list[Patch]) -> list[str]:
     """Per fix: the most tests of one recorded run that reached its changed functions, and where; a fix
     that no run reached has its own tests as the only evidence (its ``Quick-Test``, named). A fix that
@@ -242,6 +249,8 @@ def _reach_per_fix(record: dict, patches: list[Patch]) -> list[str]:
     for run in record["run"]:
         uncounted.update(run.get("uncounted") or ())
         for fix, tests in (run.get("reach") or {}).items():
+            if _counted_at_import(record, run, fix):
+                continue
             if tests and tests > best.get(fix, (0, ""))[0]:
                 best[fix] = (tests, f"`{Path(run['upstream']).name}` on {run['torch']}")
     lines = [
@@ -264,6 +273,15 @@ def _reach_per_fix(record: dict, patches: list[Patch]) -> list[str]:
         own = patch.main.fields.get("Quick-Test", "").strip()
         lines.append(f"| `{patch.id}` | {reached} | {f'`{own}`' if own else '—'} |")
     lines += ["", f"Fixes no recorded upstream test reached: {unreached}."]
+    at_import = record.get("reach_at_import")
+    if at_import:
+        lines += [
+            "",
+            f"Runs measured before {at_import['until']} counted the runs a fix's changed functions make while torch's"
+            f" modules are imported; {', '.join(f'`{f}`' for f in at_import['fixes'])} make such runs in every"
+            " process that imports torch's distributed packages, so those runs' reach of these fixes is left out"
+            " of this table (the Runs table above shows it as recorded).",
+        ]
     if not_countable:
         lines += [
             "",
@@ -384,6 +402,9 @@ def _write_record(path: Path, record: dict) -> None:
         head.append(line)
     out = [*head, ""]
     out.append(f"method = {_toml(record.get('method', ''))}")
+    if record.get("reach_at_import"):
+        out += ["", "[reach_at_import]"]
+        out += [f"{k} = {_toml(v)}" for k, v in record["reach_at_import"].items()]
     for key in ("file", "run"):
         for table in record[key]:
             out += ["", f"[[{key}]]"]
