@@ -249,4 +249,3 @@ def test_reach_counted_at_import_before_the_fix_date_is_left_out_of_the_per_fix_
     path.write_text((REPO / RECORD).read_text(encoding="utf-8"), encoding="utf-8")
     _write_record(path, record)
     assert load_record(path)["reach_at_import"] == record["reach_at_import"]
-
