@@ -162,7 +162,7 @@ class Reach:
     def dump_test(self, test: str | None) -> None:
         """Under compare's reach plugin: this process's counts since its last dump, for ``test`` (a
         unittest id, ``module.Class.method``; None: the test that started the process)."""
-        folder = os.environ.get(DUMP_DIR)
+        folder = os.environ.get("TORCH_OVERLAY_REACH_DIR")  # DUMP_DIR
         if not folder:
             return
         counts = self.counts()
