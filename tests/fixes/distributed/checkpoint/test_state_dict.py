@@ -14,6 +14,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
     StateDictOptions,
 )
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 from torch.testing._internal.common_device_type import instantiate_device_type_tests
 from torch.testing._internal.common_utils import parametrize, run_tests, TestCase
 from torch.testing._internal.distributed.checkpoint_utils import with_temp_dir
@@ -267,7 +271,7 @@ class TestDsdOptimStateParamsWithoutGradGuard(TestCase):
     in strict mode. Taking a state dict while a trainable parameter has no state
     yet (a checkpoint saved before a branch is first taken) leaves the training
     as it is: the parameter's first update is the one of a run that saved no
-    checkpoint."""
+    checkpoint, and the step hooks see the training steps only."""
 
     def _model_and_optim(self, device: str) -> tuple[nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(0)
@@ -303,27 +307,42 @@ class TestDsdOptimStateParamsWithoutGradGuard(TestCase):
             for param in new_model.gate.parameters():
                 self.assertNotIn(param, new_optim.state)
 
-    def _run(self, device: str, optim_name: str, save_at: int | None) -> tuple[dict, dict]:
+    def _run(self, device: str, optim_name: str, save_at: int | None) -> tuple[dict, dict, list[str]]:
         torch.manual_seed(0)
         model = _ModelWithUnusedGate(device)
         optim = _OPTIMIZERS[optim_name](model.parameters())
-        for step in range(5):
-            if step == save_at:
-                get_optimizer_state_dict(model, optim)
-                for param in model.gate.parameters():
-                    self.assertNotIn(param, optim.state)
-            x = torch.randn(2, 4, device=device)
-            model(x, use_gate=step >= 3).sum().backward()
-            optim.step()
-            optim.zero_grad()
-        return copy.deepcopy(model.state_dict()), copy.deepcopy(optim.state_dict())
+        # Step hooks, as an EMA or a step counter uses them: the optimizer's
+        # own and the global ones, before and after the step.
+        hook_calls: list[str] = []
+        handles = [
+            optim.register_step_pre_hook(lambda *_: hook_calls.append("pre")),
+            optim.register_step_post_hook(lambda *_: hook_calls.append("post")),
+            register_optimizer_step_pre_hook(lambda *_: hook_calls.append("global pre")),
+            register_optimizer_step_post_hook(lambda *_: hook_calls.append("global post")),
+        ]
+        try:
+            for step in range(5):
+                if step == save_at:
+                    get_optimizer_state_dict(model, optim)
+                    for param in model.gate.parameters():
+                        self.assertNotIn(param, optim.state)
+                x = torch.randn(2, 4, device=device)
+                model(x, use_gate=step >= 3).sum().backward()
+                optim.step()
+                optim.zero_grad()
+        finally:
+            for handle in handles:
+                handle.remove()
+        return copy.deepcopy(model.state_dict()), copy.deepcopy(optim.state_dict()), hook_calls
 
     @parametrize("optim_name", list(_OPTIMIZERS))
     def test_state_dict_before_first_grad(self, device, optim_name):
-        params, osd = self._run(device, optim_name, save_at=None)
-        saved_params, saved_osd = self._run(device, optim_name, save_at=2)
+        params, osd, hook_calls = self._run(device, optim_name, save_at=None)
+        saved_params, saved_osd, saved_hook_calls = self._run(device, optim_name, save_at=2)
         self.assertEqual(saved_params, params, atol=0, rtol=0)
         self.assertEqual(saved_osd, osd, atol=0, rtol=0)
+        self.assertEqual(len(hook_calls), 4 * 5)
+        self.assertEqual(saved_hook_calls, hook_calls)
 
 
 instantiate_device_type_tests(TestDsdInitOptimStateGradDtype, globals())
