@@ -33,24 +33,24 @@ class _FakeGroup:
         return self._size
 
 
-class TestFsdpGlooGradientDivideFactor(DTensorTestBase):
-    """
-    A custom gradient divide factor (``set_gradient_divide_factor``; torchtitan
-    sets 1.0 on every module) with the reduce-scatter on Gloo, which has no
-    ``PREMUL_SUM``.
-    """
+class _DivideFactorCheck:
+    """Gradients of a model sharded with a custom divide factor, against a
+    replica's gradients summed over the data-parallel ranks and divided once."""
 
-    @property
-    def world_size(self) -> int:
-        return 2
-
-    def _check_divide_factor(self, factor: float) -> None:
+    def _check_divide_factor(self, factor: float, layout: str = "fsdp") -> None:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 4)).to(
             self.device_type
         )
         ref_model = copy.deepcopy(model)
-        mesh = init_device_mesh(self.device_type, (self.world_size,))
+        if layout == "fsdp":
+            mesh = init_device_mesh(self.device_type, (self.world_size,))
+        else:
+            # Shard dimension of 1: no reduce-scatter runs; HSDP all-reduces
+            # over the ranks, and "one_rank" shards on each rank's own.
+            mesh = init_device_mesh(self.device_type, (self.world_size, 1), mesh_dim_names=("replicate", "shard"))
+            if layout == "one_rank":
+                mesh = mesh["shard"]
         for index in (0, 2):
             fully_shard(model[index], mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -62,20 +62,35 @@ class TestFsdpGlooGradientDivideFactor(DTensorTestBase):
         x = torch.randn(6, 8, device=self.device_type)
         with CommDebugMode() as comm_mode:
             model(x).sum().backward()
-        # one reduce-scatter per FSDP group, no extra collective
+        # one reduce-scatter (or all-reduce) per FSDP group, no extra collective
         counts = comm_mode.get_comm_counts()
-        self.assertEqual(
-            counts[torch.ops.c10d_functional.reduce_scatter_tensor] + counts[torch.ops.c10d._reduce_scatter_base_],
-            3,
+        reduce_scatters = (
+            counts[torch.ops.c10d_functional.reduce_scatter_tensor] + counts[torch.ops.c10d._reduce_scatter_base_]
         )
+        all_reduces = counts[torch.ops.c10d_functional.all_reduce] + counts[torch.ops.c10d.allreduce_]
+        expected_counts = {"fsdp": (3, 0), "hsdp": (0, 3), "one_rank": (0, 0)}[layout]
+        self.assertEqual((reduce_scatters, all_reduces), expected_counts)
 
         ref_model(x).sum().backward()
         for name, ref_param in ref_model.named_parameters():
             grad = ref_param.grad.contiguous()
-            dist.all_reduce(grad)
+            if layout != "one_rank":
+                dist.all_reduce(grad)
             grad.div_(factor)
             param = model.get_parameter(name)
-            self.assertEqual(param.grad.full_tensor(), grad, msg=name)
+            self.assertEqual(param.grad.full_tensor(), grad, msg=f"{name}, factor {factor}")
+
+
+class TestFsdpGlooGradientDivideFactor(_DivideFactorCheck, DTensorTestBase):
+    """
+    A custom gradient divide factor (``set_gradient_divide_factor``; torchtitan
+    sets 1.0 on every module) with the reduce-scatter on Gloo, which has no
+    ``PREMUL_SUM``.
+    """
+
+    @property
+    def world_size(self) -> int:
+        return 2
 
     @with_comms
     def test_divide_factor_one_sums(self) -> None:
@@ -88,6 +103,29 @@ class TestFsdpGlooGradientDivideFactor(DTensorTestBase):
     @with_comms
     def test_divide_factor_world_size_averages(self) -> None:
         self._check_divide_factor(float(self.world_size))
+
+
+class TestFsdpGlooGradientDivideFactorGuard(_DivideFactorCheck, DTensorTestBase):
+    """
+    With a reduce-scatter group of one rank (one rank, or HSDP whose shard
+    dimension is 1) no reduce-scatter runs, and ``foreach_reduce`` divides the
+    gradients by a custom factor itself, on Gloo as on NCCL: they are divided
+    once, as without the fix.
+    """
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    @with_comms
+    def test_hsdp_shard_size_one_divides_once(self) -> None:
+        for factor in (1.0, 3.0, 4.0):
+            self._check_divide_factor(factor, layout="hsdp")
+
+    @with_comms
+    def test_one_rank_divides_once(self) -> None:
+        for factor in (1.0, 3.0, 4.0):
+            self._check_divide_factor(factor, layout="one_rank")
 
 
 class TestFsdpGlooGradientDivideFactorOps(TestCase):
@@ -111,6 +149,16 @@ class TestFsdpGlooGradientDivideFactorOps(TestCase):
             _get_gradient_divide_factors(_FakeGroup(4), None, torch.float32, "cpu", 4.0),
             (None, None, dist.ReduceOp.AVG, dist.ReduceOp.SUM),
         )
+
+    def test_one_rank_group_leaves_the_division_to_foreach_reduce(self) -> None:
+        # No reduce-scatter runs, and foreach_reduce divides by the factor:
+        # nothing is left to divide after the reduction.
+        for reduce_scatter_group in (None, _FakeGroup(1)):
+            for all_reduce_group in (None, _FakeGroup(2)):
+                self.assertEqual(
+                    _get_gradient_divide_factors(reduce_scatter_group, all_reduce_group, torch.float32, "cpu", 3.0),
+                    (None, None, dist.ReduceOp.SUM, dist.ReduceOp.SUM),
+                )
 
 
 class _FakeNcclGroup(_FakeGroup):
@@ -146,6 +194,14 @@ class TestNcclBf16PremulSumZero(TestCase):
         factors = _get_gradient_divide_factors(_FakeNcclGroup(2), None, torch.float32, "cuda", 4.0)
         self.assertEqual(factors[:2], (None, None))
         self.assertTrue(factors[2] == dist.ReduceOp.PREMUL_SUM)
+
+    def test_bf16_one_rank_group_leaves_the_division_to_foreach_reduce(self) -> None:
+        # No reduce-scatter runs (one rank, or HSDP of shard size 1), and
+        # foreach_reduce divides by the factor: no division after it.
+        for all_reduce_group in (None, _FakeNcclGroup(2)):
+            factors = _get_gradient_divide_factors(_FakeNcclGroup(1), all_reduce_group, torch.bfloat16, "cuda", 4.0)
+            self.assertEqual(factors[:2], (None, None))
+            self.assertTrue(factors[3] == dist.ReduceOp.SUM)
 
     def test_bf16_default_and_world_size_factor_average(self) -> None:
         for factor in (None, 2.0):
