@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import distribute_tensor, DTensor, Replicate, Shard
+from torch.distributed.tensor.experimental import implicit_replication
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     create_local_tensor_test_class,
@@ -105,6 +106,51 @@ class TestClipGradNormMixedMeshes(DTensorTestBase):
 
 
 TestClipGradNormMixedMeshesWithLocalTensor = create_local_tensor_test_class(TestClipGradNormMixedMeshes)
+
+
+class TestClipGradNormMixedMeshesGuard(LocalDTensorTestBase):
+    """Under ``implicit_replication()`` DTensors of one mesh and plain tensors
+    already mix: ``clip_grad_norm_`` returns the total norm as a DTensor of
+    that mesh, as for DTensors alone."""
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    @with_comms
+    def test_clip_grad_norm_dtensor_and_plain_under_implicit_replication(self):
+        shapes = [(12, 8), (6,), (8, 4), (3, 3)]
+        # foreach=True, as on CUDA by default: without it the CPU loop of
+        # in-place ops fails for a plain gradient times a DTensor coefficient.
+        foreach = True
+        for norm_type in (1.0, 2.0, float("inf")):
+            with self._get_local_tensor_mode():
+                mesh = init_device_mesh(self.device_type, (self.world_size,))
+                torch.manual_seed(0)
+                params, ref_params = [], []
+                for index, shape in enumerate(shapes):
+                    full = torch.randn(shape)
+                    ref_param = nn.Parameter(torch.zeros(shape))
+                    ref_param.grad = full.clone()
+                    ref_params.append(ref_param)
+                    if index % 2 == 0:
+                        param = nn.Parameter(distribute_tensor(torch.zeros(shape), mesh, [Shard(0)]))
+                        param.grad = distribute_tensor(full.clone(), mesh, [Shard(0)])
+                    else:
+                        param = nn.Parameter(torch.zeros(shape))
+                        param.grad = full.clone()
+                    params.append(param)
+                ref_total_norm = nn.utils.clip_grad_norm_(ref_params, 1.0, norm_type)
+                with implicit_replication():
+                    total_norm = nn.utils.clip_grad_norm_(params, 1.0, norm_type, foreach=foreach)
+                self.assertIsInstance(total_norm, DTensor)
+                self.assertEqual(total_norm.device_mesh, mesh)
+                total_norm = total_norm.full_tensor()
+                grads = [p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for p in params]
+            msg = f"norm_type={norm_type}"
+            self.assertEqual(total_norm, ref_total_norm, msg=msg)
+            for grad, ref_param in zip(grads, ref_params):
+                self.assertEqual(grad, ref_param.grad, msg=msg)
 
 
 class TestClipGradNormMixedMeshesOrder(LocalDTensorTestBase):
