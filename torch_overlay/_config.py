@@ -229,6 +229,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
         return value
 
     enabled = switch("TORCH_OVERLAY", True, "the overlay is disabled")
+    switched_off = not enabled and not problems  # a value that says off, not one misread as off
     strict = switch("TORCH_OVERLAY_STRICT", False, "strict mode stays off")
     code_cache = switch("TORCH_OVERLAY_CODE_CACHE", True, "the code cache is off")
     children = switch("TORCH_OVERLAY_CHILDREN", True, "child processes do not inherit the overlay")
@@ -238,6 +239,10 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config:
     problems += [problem] if problem else []
     problems += _unknown_variables(env)
     disabled = frozenset(item.strip() for item in env.get("TORCH_OVERLAY_DISABLE", "").split(",") if item.strip())
+    if switched_off:
+        # TORCH_OVERLAY=0: everything off. Nothing runs that the other switches could change,
+        # so a value of theirs is no problem, and strict mode has nothing to stop the job for.
+        strict, problems, disabled = False, [], frozenset()
     patches = env.get("TORCH_OVERLAY_PATCHES", "")
     return Config(
         enabled=enabled,

@@ -76,3 +76,37 @@ def test_pass_on_keeps_what_the_parent_said():
     keys = environ[once_per_job.REPORTED].split(",")
     assert keys[0] == "a" and len(keys) == 2
     assert once_per_job.said_elsewhere("one", environ) and not once_per_job.said_elsewhere("two", environ)
+
+
+LATE_PROBE = "import torch.distributed.tensor, torch_overlay"  # DTensor's registrations of some fixes are lost
+
+
+@pytest.mark.parametrize("rank_vars", [{}, {"RANK": "0"}, {"RANK": "1"}, {"LOCAL_RANK": "3"}])
+def test_every_rank_that_lost_fixes_to_a_late_import_says_it(rank_vars):
+    # What a rank imported before the overlay depends on the code it ran: rank 0 may have lost
+    # nothing (and its job line then says every fix applied) while rank 1 runs without some.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY") and k not in ("RANK", "LOCAL_RANK")}
+    env.update(PYTHONPATH=str(REPO), TORCH_OVERLAY_QUIET="1", **rank_vars)
+    proc = subprocess.run([sys.executable, "-c", LATE_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("imported too late") == 1, proc.stderr
+    # A child of that rank that inherited the message (a DataLoader worker) stays quiet.
+    environ: dict[str, str] = {}
+    (line,) = [text for text in proc.stderr.splitlines() if "imported too late" in text]
+    message = line[line.index("torch_overlay: ") :]
+    once_per_job.pass_on(message, environ)
+    assert once_per_job.said_elsewhere(message, {**environ, **rank_vars}, per_rank=True)
+    assert not once_per_job.said_elsewhere(message, rank_vars, per_rank=True)
+
+
+def test_switched_off_nothing_is_said_or_raised():
+    # TORCH_OVERLAY=0 turns everything off: the other switches' values are not problems, and
+    # strict mode does not stop the job over them.
+    proc = _import(
+        TORCH_OVERLAY="0", TORCH_OVERLAY_STRICT="1", TORCH_OVERLAY_DISABLE="old-fix-id", TORCH_OVERLAY_QUIET="maybe"
+    )
+    assert proc.returncode == 0 and "OverlayError" not in proc.stderr, proc.stderr
+    assert "torch_overlay" not in proc.stderr, proc.stderr
+    # A value of the kill switch itself that is not understood still stops a strict job.
+    garbled = _import(TORCH_OVERLAY="of", TORCH_OVERLAY_STRICT="1")
+    assert garbled.returncode != 0 and "OverlayError" in garbled.stderr and "TORCH_OVERLAY='of'" in garbled.stderr

@@ -7,6 +7,9 @@ stays quiet about a problem (DEBUG log only) when
 - a process it descends from already said it: a process that says a problem adds its hash to its
   environment (``TORCH_OVERLAY_REPORTED``), which the processes it starts inherit; or
 - it is a torchrun rank other than 0 (``RANK``, else ``LOCAL_RANK``): rank 0 has the same switches.
+  Not for what a process did itself: fixes lost because it imported a patched module before the
+  overlay depend on the code it ran, which can differ between ranks, so each rank that lost fixes
+  says so (``per_rank``).
 
 A single process (no rank, nothing inherited about that value) always says it.
 
@@ -58,9 +61,10 @@ def _rank(environ: Mapping[str, str]) -> str:
     return environ.get("RANK", environ.get("LOCAL_RANK", "")).strip()
 
 
-def said_elsewhere(message: str, environ: Mapping[str, str]) -> bool:
-    """Whether another process of this job says ``message``: rank 0, or a parent that did."""
-    return _rank(environ) not in ("", "0") or _key(message) in _keys(environ)
+def said_elsewhere(message: str, environ: Mapping[str, str], per_rank: bool = False) -> bool:
+    """Whether another process of this job says ``message``: rank 0 (unless ``per_rank``: what
+    this rank did, which rank 0 may not have done), or a parent that did."""
+    return (not per_rank and _rank(environ) not in ("", "0")) or _key(message) in _keys(environ)
 
 
 def pass_on(message: str, environ: MutableMapping[str, str]) -> None:
@@ -70,9 +74,10 @@ def pass_on(message: str, environ: MutableMapping[str, str]) -> None:
         environ[REPORTED] = ",".join([*keys, _key(message)])
 
 
-def says(message: str, environ: MutableMapping[str, str] | None) -> bool:
-    """Whether this process warns ``message``; if so it is passed on in ``environ`` (None: nowhere)."""
-    if said_elsewhere(message, os.environ):
+def says(message: str, environ: MutableMapping[str, str] | None, per_rank: bool = False) -> bool:
+    """Whether this process warns ``message``; if so it is passed on in ``environ`` (None: nowhere).
+    ``per_rank``: a message about what this process did, said by every rank it concerns."""
+    if said_elsewhere(message, os.environ, per_rank):
         log.debug("%s (said by another process of this job)", message)
         return False
     if environ is not None:

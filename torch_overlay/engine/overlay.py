@@ -184,11 +184,12 @@ class Overlay:
             self._warn_late()
 
     def _warn_late(self) -> None:
-        """One warning for the patches lost to a late import since the last one (rank 0 says it)."""
+        """One warning for the patches lost to a late import since the last one (each rank that lost
+        them says it: what a rank imported first depends on the code it ran)."""
         lost, self._late = self._late, []
         if lost:
             message = late_warning(lost)
-            if says(message, self._environ):
+            if says(message, self._environ, per_rank=True):
                 warn(message)
 
     def _update(self, entry: Entry) -> None:
