@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
     _get_gradient_divide_factors,
 )
@@ -207,6 +207,48 @@ class TestNcclBf16PremulSumZero(TestCase):
         for factor in (None, 2.0):
             factors = _get_gradient_divide_factors(_FakeNcclGroup(2), None, torch.bfloat16, "cuda", factor)
             self.assertEqual(factors[:3], (None, None, dist.ReduceOp.AVG))
+
+
+class TestFsdpOneRankDivideFactor(TestCase):
+    """
+    A custom gradient divide factor on one rank, where no reduce-scatter runs
+    and ``foreach_reduce`` divides the copied gradients itself, while SUM
+    reductions (forced, or for an fp16 reduce dtype) divide by the factor
+    before and after the reduction: the factor must apply once.
+    """
+
+    def setUp(self) -> None:
+        super().setUp()
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+    def tearDown(self) -> None:
+        dist.destroy_process_group()
+        super().tearDown()
+
+    def _check_divides_once(self, factor: float, force_sum: bool, reduce_dtype: torch.dtype | None) -> None:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+        ref_model = copy.deepcopy(model)
+        mp_policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+        fully_shard(model[0], mp_policy=mp_policy)
+        fully_shard(model, mp_policy=mp_policy)
+        for module in (model, model[0]):
+            module.set_gradient_divide_factor(factor)
+            module.set_force_sum_reduction_for_comms(force_sum)
+        x = torch.randn(6, 8)
+        model(x).sum().backward()
+        ref_model(x).sum().backward()
+        tol = {"atol": 1e-3, "rtol": 1e-3} if reduce_dtype == torch.float16 else {}
+        for name, ref_param in ref_model.named_parameters():
+            grad = model.get_parameter(name).grad.full_tensor()
+            self.assertEqual(grad, ref_param.grad / factor, msg=f"{name}, factor {factor}", **tol)
+
+    def test_force_sum_divides_once(self) -> None:
+        for factor in (3.0, 4.0):
+            self._check_divides_once(factor, force_sum=True, reduce_dtype=None)
+
+    def test_fp16_reduce_dtype_divides_once(self) -> None:
+        self._check_divides_once(4.0, force_sum=False, reduce_dtype=torch.float16)
 
 
 class _ChunkedLossLM(nn.Module):
