@@ -20,6 +20,8 @@ PATCH_WARNINGS = (
         r"FSDP module .*set_reduce_scatter_unused_params\(True\)",
         r"torch\.distributed\.fsdp\._fully_shard\._fsdp_state\Z",
     ),
+    # Given at the caller's line (stacklevel=2): any module.
+    ("dtensor-data-setter", r"Setting \.data of a DTensor to a plain tensor", r""),
 )
 
 

@@ -400,5 +400,36 @@ def forward(self, primals_2, primals_8, primals_10, primals_13, primals_14, prim
         )
 
 
+class TestAotSubclassOutputsViewReplayGuard(torch._dynamo.test_case.TestCase):
+    """
+    Outputs of a multi-output view op (``split``, ``chunk``, ``unbind``) of a
+    TwoTensor input, which compiled before the fix through the ``as_strided()``
+    regeneration of subclass views, still compile and match eager.
+    """
+
+    def test_multi_output_views_of_a_subclass_input(self):
+        cases = {
+            "chunk": lambda x: x.chunk(2),
+            "unbind": lambda x: x.unbind(0),
+            "split_sizes": lambda x: x.split([1, 3]),
+            "split": lambda x: torch.split(x, 2),
+        }
+        for name, fn in cases.items():
+            for backend in ("aot_eager", "inductor"):
+                torch._dynamo.reset()
+                x = _two_tensor()
+                ref_x = TwoTensor(x.a.detach().clone(), x.b.detach().clone()).requires_grad_()
+                outs = torch.compile(fn, backend=backend)(x)
+                ref_outs = fn(ref_x)
+                msg = f"{name}, {backend}"
+                self.assertEqual(len(outs), len(ref_outs), msg=msg)
+                for out, ref_out in zip(outs, ref_outs):
+                    self.assertIsInstance(out, TwoTensor, msg=msg)
+                    self.assertEqual((out.a, out.b), (ref_out.a, ref_out.b), msg=msg)
+                sum((o * (i + 1)).sum() for i, o in enumerate(outs)).backward()
+                sum((o * (i + 1)).sum() for i, o in enumerate(ref_outs)).backward()
+                self.assertEqual((x.grad.a, x.grad.b), (ref_x.grad.a, ref_x.grad.b), msg=msg)
+
+
 if __name__ == "__main__":
     run_tests()

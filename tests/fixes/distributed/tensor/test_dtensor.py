@@ -54,13 +54,18 @@ class TestDtensorDataSetter(DTensorTestBase):
         self.assertEqual(q.full_tensor(), new)
 
     @with_comms
-    def test_data_setter_plain_tensor_raises(self):
+    def test_data_setter_plain_tensor_warns(self):
+        # A plain tensor does not say whether it is the full tensor or this rank's
+        # shard: the assignment does what it did (code that frees a parameter with
+        # ``p.data = torch.empty(0)``), and says that the shard and spec are kept.
         mesh = self.build_device_mesh()
         q = nn.Parameter(distribute_tensor(self._full(), mesh, [Shard(0)]))
-        with self.assertRaisesRegex(TypeError, "takes a DTensor"):
-            q.data = torch.ones(8, 2, device=self.device_type)
-        self.assertEqual(q.shape, (4, 2))
-        self.assertEqual(q.full_tensor(), self._full())
+        local = q._local_tensor
+        with self.assertWarnsRegex(UserWarning, "local shard and placements stay"):
+            q.data = torch.empty(0, device=self.device_type)
+        self.assertEqual(q.shape, (0,))
+        self.assertIs(q._local_tensor, local)
+        self.assertEqual(q.placements, (Shard(0),))
 
     @with_comms
     def test_data_getter_aliases_local_shard(self):
